@@ -1,0 +1,130 @@
+"""Sphinx configuration of the book *Understanding Transformers*.
+
+The book executes its chapters (MyST text notebooks) with myst-nb at build time
+and caches the results. The cache is keyed by the source of ``tinyformer``: any
+change to the package re-executes every chapter, so a page can never show
+outputs of code that no longer exists. Nothing here touches the network: math
+renders with a local copy of MathJax and no inventory is fetched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+from jupyter_cache import get_cache
+
+DOCS = Path(__file__).resolve().parent
+SRC = DOCS.parent / "src" / "tinyformer"
+sys.path.insert(0, str(DOCS / "_ext"))
+
+# -- Project -------------------------------------------------------------------
+project = "Understanding Transformers"
+author = "The Understanding Transformers authors"
+copyright = "2026, The Understanding Transformers authors"
+language = "en"
+
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    "local_mathjax",  # serves MathJax from _static/mathjax: no CDN
+    "sphinx_design",
+    "sphinx_copybutton",
+    "sphinxcontrib.bibtex",
+]
+
+exclude_patterns = ["_build", "_ext", "**.ipynb_checkpoints", ".jupyter_cache", "jupyter_execute"]
+nitpicky = True
+# Names outside this project that no local inventory describes (intersphinx
+# would fetch one over the network, which the build must not do).
+nitpick_ignore_regex = [
+    (r"py:class", r"(numpy|np)\..*"),
+    (r"py:class", r"(matplotlib|Axes|Figure)(\..*)?"),
+    (r"py:class", r"(collections\.abc\.|typing\.)?(Sequence|Mapping|Iterator|Any)"),
+    (r"py:class", r"int|float|bool|str|object|None|tuple|list|dict|type|optional"),
+    (r"py:class", r"array_like|float32|float64|float32 or float64|Path|pathlib\.Path"),
+    (r"py:class", r"numpy.ndarray of (int|bool)"),
+    (r"py:class", r"tuple of numpy.ndarray"),
+]
+
+# -- MyST and notebook execution ----------------------------------------------
+myst_enable_extensions = ["amsmath", "colon_fence", "deflist", "dollarmath"]
+myst_heading_anchors = 3
+myst_dmath_double_inline = True
+
+nb_execution_mode = "cache"
+nb_execution_raise_on_error = True  # a cell that raises fails the build, naming the page
+nb_execution_show_tb = True
+nb_execution_timeout = 600
+nb_merge_streams = True
+nb_execution_excludepatterns: list[str] = []
+
+
+def _source_digest() -> str:
+    """Hash of every file of the tinyformer package (names and contents)."""
+    digest = hashlib.sha256()
+    for path in sorted(SRC.rglob("*.py")):
+        digest.update(path.relative_to(SRC).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _execution_cache() -> str:
+    """Create the cache for this version of the package and drop caches of older ones.
+
+    Creating the jupyter-cache database here, before Sphinx starts parallel
+    workers, stops two workers from creating it at the same moment.
+    """
+    root = DOCS / "_build" / ".jupyter_cache"
+    current = root / _source_digest()
+    if root.is_dir():
+        for old in root.iterdir():
+            if old != current and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+    get_cache(current).list_cache_records()
+    return str(current)
+
+
+nb_execution_cache_path = _execution_cache()
+
+# -- Autodoc -------------------------------------------------------------------
+autodoc_default_options = {"members": True, "member-order": "bysource"}
+autodoc_typehints = "none"
+autodoc_preserve_defaults = True
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+napoleon_use_rtype = False
+
+# -- Bibliography --------------------------------------------------------------
+bibtex_bibfiles = ["references.bib"]
+bibtex_default_style = "plain"
+bibtex_reference_style = "author_year"
+
+# -- HTML ----------------------------------------------------------------------
+html_theme = "sphinx_book_theme"
+html_title = "Understanding Transformers"
+html_static_path = ["_static"]
+html_css_files = ["book.css"]
+html_js_files = ["explorer.js"]
+html_last_updated_fmt = None
+html_copy_source = True
+html_theme_options = {
+    "show_toc_level": 2,
+    "use_download_button": True,
+    "use_fullscreen_button": False,
+    "navigation_with_keys": False,
+    "home_page_in_toc": True,
+}
+# Without a default, pydata-sphinx-theme logs a console error on a reader's first visit.
+html_context = {"default_mode": "auto"}
+mathjax3_config = {"tex": {"tags": "ams"}}
+
+# -- Link checking (nox -s linkcheck) ------------------------------------------
+linkcheck_timeout = 10
+linkcheck_retries = 1
+linkcheck_workers = 8
+linkcheck_report_timeouts_as_broken = False

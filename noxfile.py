@@ -1,0 +1,235 @@
+"""Sessions that test the package and build, check and serve the book.
+
+Run ``nox -l`` to list them. Every session uses the Python that runs nox and
+installs what it needs from ``pyproject.toml``'s dependency groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint", "tests", "docs"]
+
+ROOT = Path(__file__).resolve().parent
+DOCS = ROOT / "docs"
+BUILD = DOCS / "_build"
+HTML = BUILD / "html"
+FIGURES = DOCS / "_static" / "figures"
+SCRIPTS = ROOT / "scripts"
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+
+# Fixed settings for every process a session starts: deterministic figures,
+# no stray GUI backend, and warnings from our own code treated as errors.
+ENV = {"MPLBACKEND": "Agg", "PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": "0"}
+
+
+def _group(name: str) -> list[str]:
+    return list(nox.project.dependency_groups(PYPROJECT, name))
+
+
+def _install_package(session: nox.Session, *groups: str) -> None:
+    deps = [req for group in groups for req in _group(group)]
+    session.install("-e", str(ROOT), *deps)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite with a coverage report for src/ (reference tests skip without torch)."""
+    _install_package(session, "test")
+    session.run(
+        "pytest",
+        "--cov=tinyformer",
+        "--cov-report=term-missing:skip-covered",
+        *session.posargs,
+        env=ENV,
+    )
+
+
+@nox.session(venv_backend="virtualenv")
+def reference(session: nox.Session) -> None:
+    """Run the reference tests against PyTorch's CPU build (pip finds its wheel on disk here)."""
+    _install_package(session, "test", "reference")
+    session.run("pytest", "-m", "reference", *session.posargs, env=ENV)
+
+
+def _make_figures(session: nox.Session) -> None:
+    """Delete every generated figure, then run each ``scripts/fig_*.py`` to make it again.
+
+    Starting from an empty folder means a figure that a page uses but no script
+    makes is missing, and the strict build fails on it.
+    """
+    shutil.rmtree(FIGURES, ignore_errors=True)
+    FIGURES.mkdir(parents=True)
+    scripts = sorted(SCRIPTS.glob("fig_*.py"))
+    if not scripts:
+        session.error(f"no figure scripts found in {SCRIPTS}")
+    for script in scripts:
+        session.run("python", str(script), "--out-dir", str(FIGURES), env=ENV)
+    session.log(f"{len(scripts)} figure scripts wrote {len(list(FIGURES.iterdir()))} files")
+
+
+@nox.session
+def figures(session: nox.Session) -> None:
+    """Regenerate every figure under docs/_static/figures from scripts/."""
+    _install_package(session, "figures")
+    _make_figures(session)
+
+
+def _kernel_quiet(session: nox.Session) -> None:
+    """Keep the notebook kernels' own start-up chatter out of the build log.
+
+    ipykernel warns at every start that its local TCP sockets are unencrypted;
+    this config (read only by kernels of this session's environment) keeps
+    kernel log lines to errors. Cell output and tracebacks are unaffected.
+    """
+    config = Path(session.virtualenv.location) / "etc" / "ipython"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "ipython_kernel_config.json").write_text(
+        json.dumps({"IPKernelApp": {"log_level": "ERROR"}})
+    )
+
+
+def _sphinx(session: nox.Session, builder: str, out: Path, *extra: str, **kw: object) -> None:
+    session.run(
+        "sphinx-build",
+        "--builder",
+        builder,
+        "--fail-on-warning",
+        "--keep-going",
+        "--nitpicky",
+        "--jobs",
+        "auto",
+        str(DOCS),
+        str(out),
+        *extra,
+        env=ENV,
+        **kw,
+    )
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Regenerate the figures, then build the HTML book strictly (warnings are errors).
+
+    Chapters execute at build time and their results are cached in
+    docs/_build/.jupyter_cache: an unchanged chapter is not run again unless
+    the tinyformer package changed. Pass ``-- -E`` to re-read every page.
+    """
+    _install_package(session, "docs")
+    _kernel_quiet(session)
+    _make_figures(session)
+    _sphinx(session, "html", HTML, *session.posargs)
+    session.log(f"The book is in {HTML / 'index.html'}")
+
+
+@nox.session
+def serve(session: nox.Session) -> None:
+    """Serve the book on http://127.0.0.1:8000 and rebuild it when a page or src/ changes."""
+    _install_package(session, "serve")
+    _kernel_quiet(session)
+    _make_figures(session)
+    session.run(
+        "sphinx-autobuild",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--watch",
+        str(ROOT / "src"),
+        "--ignore",
+        str(FIGURES),
+        "--nitpicky",
+        str(DOCS),
+        str(HTML),
+        *session.posargs,
+        env=ENV,
+    )
+
+
+@nox.session
+def linkcheck(session: nox.Session) -> None:
+    """Check every link: internal links and anchors always, external ones when online.
+
+    External links that cannot be reached (no network) are listed as such and do
+    not fail the session; a link that answers with an error does.
+    """
+    _install_package(session, "docs")
+    _kernel_quiet(session)
+    _make_figures(session)
+    out = BUILD / "linkcheck"
+    _sphinx(session, "linkcheck", out, success_codes=[0, 1])
+    _report_external_links(session, out / "output.json")
+    session.install(*_group("browser"))
+    session.run("pytest", "-m", "book", "tests/book/test_links.py", env={"BOOK_HTML": str(HTML)})
+
+
+_UNREACHABLE = (
+    "NameResolution",
+    "Failed to resolve",
+    "Max retries",
+    "Connection",
+    "timed out",
+    "Temporary failure",
+    "Network is unreachable",
+)
+
+
+def _report_external_links(session: nox.Session, report: Path) -> None:
+    rows = [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
+    broken = [r for r in rows if r["status"] == "broken"]
+    unreachable = [r for r in broken if any(s in r["info"] for s in _UNREACHABLE)]
+    failing = [r for r in broken if r not in unreachable]
+    ok = sum(r["status"] == "working" for r in rows)
+    session.log(
+        f"external links: {ok} working, {len(unreachable)} unreachable, {len(failing)} broken"
+    )
+    for r in unreachable:
+        session.warn(
+            f"could not be reached (offline?): {r['uri']} ({r['filename']}:{r['lineno']})"
+        )
+    for r in failing:
+        session.warn(f"broken: {r['uri']} ({r['filename']}:{r['lineno']}): {r['info']}")
+    if failing:
+        session.error(f"{len(failing)} broken link(s)")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Run ruff's linter and formatter check."""
+    session.install(*_group("lint"))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def browser(session: nox.Session) -> None:
+    """Open every page of the built book in headless Chromium and check it (needs `nox -s docs`).
+
+    Fails on console errors, failed or off-host requests, images that did not
+    load and unrendered math. Screenshots go to docs/_build/screenshots/.
+    """
+    if not (HTML / "index.html").is_file():
+        session.error("no built book found: run `nox -s docs` first")
+    session.install(*_group("browser"))
+    env = {
+        "BOOK_HTML": str(HTML),
+        "BOOK_SCREENSHOTS": str(BUILD / "screenshots"),
+        "CHROMIUM": os.environ.get("CHROMIUM", "/usr/bin/chromium"),
+    }
+    session.run("pytest", "-m", "book", "tests/book", *session.posargs, env=env)
+
+
+@nox.session(venv_backend="virtualenv")
+def benchmarks(session: nox.Session) -> None:
+    """Time tinyformer against PyTorch's CPU build, side by side, and print the ratios."""
+    _install_package(session, "reference")
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        session.run("python", str(script), *session.posargs, env=ENV)

@@ -1,0 +1,146 @@
+"""Input checks shared by the public functions and layers.
+
+Every check raises :class:`TypeError` (wrong kind of thing) or :class:`ValueError`
+(right kind, wrong value or shape) with a message that names the argument, says
+what was expected and shows what came.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def describe(x: object) -> str:
+    """Say briefly what ``x`` is, for error messages."""
+    if isinstance(x, np.ndarray):
+        return f"an array of shape {x.shape} and dtype {x.dtype}"
+    return f"{type(x).__name__} {x!r}"[:120]
+
+
+def positive_int(value: object, name: str) -> int:
+    """Return ``value`` as an ``int`` if it is a positive integer, else raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer, got {describe(value)}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+    return int(value)
+
+
+def non_negative_int(value: object, name: str) -> int:
+    """Return ``value`` as an ``int`` if it is an integer >= 0, else raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a non-negative integer, got {describe(value)}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value}")
+    return int(value)
+
+
+def positive_float(value: object, name: str) -> float:
+    """Return ``value`` as a ``float`` if it is a finite number > 0, else raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive number, got {describe(value)}")
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite positive number, got {value}")
+    return float(value)
+
+
+def float_dtype(dtype: object, name: str = "dtype") -> np.dtype:
+    """Return ``dtype`` as a NumPy dtype if it is float32 or float64, else raise."""
+    try:
+        resolved = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError as err:
+        raise TypeError(f"{name} must be float32 or float64, got {dtype!r}") from err
+    if resolved not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64, got {resolved}")
+    return resolved
+
+
+def float_array(
+    x: object,
+    name: str,
+    *,
+    min_ndim: int = 0,
+    ndim: int | None = None,
+    last_dim: int | None = None,
+) -> np.ndarray:
+    """Return ``x`` as a floating-point array, checking its rank and last dimension.
+
+    Floating inputs keep their dtype; integer and boolean inputs become float64.
+    Anything else (complex, strings, objects) is a :class:`TypeError`.
+    """
+    arr = np.asarray(x)
+    if arr.dtype.kind in "biu":
+        arr = arr.astype(np.float64)
+    elif arr.dtype.kind != "f":
+        raise TypeError(f"{name} must be a real floating-point array, got {describe(arr)}")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {arr.shape}")
+    if arr.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {arr.shape}")
+    if last_dim is not None and arr.shape[-1] != last_dim:
+        raise ValueError(f"{name} must have last dimension {last_dim}, got shape {arr.shape}")
+    return arr
+
+
+def axis_index(axis: object, ndim: int, name: str = "axis") -> int:
+    """Return ``axis`` as a non-negative axis index of an ``ndim``-dimensional array."""
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {describe(axis)}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(
+            f"{name} must be in [{-ndim}, {ndim - 1}] for an array with {ndim} dimensions,"
+            f" got {axis}"
+        )
+    return int(axis) % ndim
+
+
+def same_dtype(arrays: Sequence[np.ndarray], names: Sequence[str]) -> np.dtype:
+    """Return the common dtype of ``arrays``; raise if they differ."""
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) > 1:
+        listed = ", ".join(f"{n} is {a.dtype}" for n, a in zip(names, arrays, strict=True))
+        raise TypeError(f"{', '.join(names)} must share one dtype; got {listed}")
+    return arrays[0].dtype
+
+
+def bool_mask(mask: object, name: str, target_shape: tuple[int, ...]) -> np.ndarray:
+    """Return ``mask`` as a boolean array that broadcasts to ``target_shape``.
+
+    The mask may have fewer dimensions than the target or size-1 axes, but
+    broadcasting it must not change ``target_shape``.
+    """
+    arr = np.asarray(mask)
+    if arr.dtype != np.bool_:
+        raise TypeError(
+            f"{name} must be a boolean array (True where a query may attend),"
+            f" got dtype {arr.dtype}"
+        )
+    try:
+        shape = np.broadcast_shapes(arr.shape, target_shape)
+    except ValueError:
+        shape = None
+    if shape != tuple(target_shape):
+        raise ValueError(
+            f"{name} of shape {arr.shape} does not broadcast to the score shape"
+            f" {tuple(target_shape)}"
+        )
+    return arr
+
+
+def token_ids(ids: object, name: str, vocab_size: int | None = None) -> np.ndarray:
+    """Return ``ids`` as an integer array of valid token ids (0 <= id < vocab_size)."""
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array of token ids, got {describe(arr)}")
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"{name} must be non-negative token ids, got minimum {arr.min()}")
+    if vocab_size is not None and arr.size and arr.max() >= vocab_size:
+        raise ValueError(
+            f"{name} must be below the vocabulary size {vocab_size}, got maximum {arr.max()}"
+        )
+    return arr

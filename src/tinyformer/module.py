@@ -1,0 +1,199 @@
+"""Parameters and modules: the two building blocks of every layer.
+
+A :class:`Parameter` is an array together with the gradient accumulated for it.
+A :class:`Module` computes ``forward``, keeps exactly what its backward pass
+needs, and in ``backward(grad_out)`` returns the gradient with respect to its
+input while *adding* into the gradients of its parameters. Adding (rather than
+overwriting) is what makes weight tying and repeated use of a layer correct.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from tinyformer._validation import describe, float_dtype
+
+__all__ = ["Module", "Parameter"]
+
+
+class Parameter:
+    """A trainable array and the gradient accumulated for it.
+
+    Parameters
+    ----------
+    value : numpy.ndarray
+        Initial value; float32 or float64. The parameter owns this array.
+    """
+
+    __slots__ = ("grad", "value")
+
+    def __init__(self, value: np.ndarray) -> None:
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"value must be a numpy.ndarray, got {describe(value)}")
+        float_dtype(value.dtype, "value.dtype")
+        self.value = value
+        self.grad = np.zeros_like(value)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the value."""
+        return self.value.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Dtype of the value."""
+        return self.value.dtype
+
+    def zero_grad(self) -> None:
+        """Set the accumulated gradient to zero."""
+        self.grad.fill(0)
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.shape}, dtype={self.dtype})"
+
+
+class Module:
+    """Base class of every layer: forward, backward, parameters and mode.
+
+    Subclasses set their :class:`Parameter` and sub-:class:`Module` attributes in
+    ``__init__`` (lists and tuples of modules are found too) and implement
+    :meth:`forward` and :meth:`backward`. What ``forward`` saves for ``backward``
+    goes through ``_save`` and comes back through ``_saved``, which raises a
+    clear error when ``backward`` is called before ``forward``.
+    """
+
+    def __init__(self) -> None:
+        self.training = True
+        self._cache: Any = None
+
+    # ----------------------------------------------------------------- compute
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Compute the output and keep what :meth:`backward` needs."""
+        raise NotImplementedError
+
+    def backward(self, grad_out: np.ndarray) -> Any:
+        """Return the gradient with respect to the input; add into parameter gradients."""
+        raise NotImplementedError
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Same as :meth:`forward`."""
+        return self.forward(*args, **kwargs)
+
+    def _save(self, *values: Any) -> None:
+        self._cache = values
+
+    def _saved(self) -> Any:
+        if self._cache is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.backward was called before forward:"
+                " run forward first (each forward allows one backward)"
+            )
+        cache, self._cache = self._cache, None
+        return cache
+
+    @staticmethod
+    def _check_grad(grad_out: object, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Check that ``grad_out`` has the forward output's shape and dtype."""
+        if not isinstance(grad_out, np.ndarray):
+            raise TypeError(f"grad_out must be a numpy.ndarray, got {describe(grad_out)}")
+        if grad_out.shape != shape:
+            raise ValueError(
+                f"grad_out must have the forward output's shape {shape}, got {grad_out.shape}"
+            )
+        if grad_out.dtype != dtype:
+            raise TypeError(
+                f"grad_out must have the forward output's dtype {dtype}, got {grad_out.dtype}"
+            )
+        return grad_out
+
+    # -------------------------------------------------------------- parameters
+    def _children(self) -> Iterator[tuple[str, Parameter | Module]]:
+        for name, value in vars(self).items():
+            if isinstance(value, Parameter | Module):
+                yield name, value
+            elif isinstance(value, list | tuple):
+                for i, item in enumerate(value):
+                    if isinstance(item, Parameter | Module):
+                        yield f"{name}.{i}", item
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+        """Yield ``(name, parameter)`` pairs; a parameter shared by two layers appears once."""
+        seen: set[int] = set()
+        yield from self._named_parameters(prefix, seen)
+
+    def _named_parameters(self, prefix: str, seen: set[int]) -> Iterator[tuple[str, Parameter]]:
+        for name, child in self._children():
+            full = f"{prefix}{name}"
+            if isinstance(child, Parameter):
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    yield full, child
+            else:
+                yield from child._named_parameters(f"{full}.", seen)
+
+    def parameters(self) -> list[Parameter]:
+        """All distinct parameters of this module and its sub-modules."""
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self) -> int:
+        """Number of trainable scalars (shared parameters counted once)."""
+        return sum(p.value.size for p in self.parameters())
+
+    def zero_grad(self) -> None:
+        """Set every parameter gradient to zero."""
+        for p in self.parameters():
+            p.zero_grad()
+
+    def modules(self) -> Iterator[Module]:
+        """Yield this module and every sub-module, depth first."""
+        yield self
+        for _, child in self._children():
+            if isinstance(child, Module):
+                yield from child.modules()
+
+    # -------------------------------------------------------------------- mode
+    def train(self, mode: bool = True) -> Module:
+        """Switch this module and its sub-modules to training (or evaluation) mode."""
+        for m in self.modules():
+            m.training = bool(mode)
+        return self
+
+    def eval(self) -> Module:
+        """Switch to evaluation mode (dropout off); same as ``train(False)``."""
+        return self.train(False)
+
+    # ------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of every parameter value, keyed by dotted name."""
+        return {name: p.value.copy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Load parameter values from ``state``, all or nothing.
+
+        Every entry is checked before any is copied, so a dict with missing,
+        extra or wrongly shaped entries raises and leaves the module unchanged.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping of names to arrays, got {describe(state)}")
+        params = dict(self.named_parameters())
+        missing = sorted(params.keys() - state.keys())
+        extra = sorted(state.keys() - params.keys())
+        if missing or extra:
+            raise ValueError(f"state does not match the module: missing {missing}, extra {extra}")
+        arrays = {}
+        for name, p in params.items():
+            value = np.asarray(state[name])
+            if value.shape != p.shape:
+                raise ValueError(f"state[{name!r}] must have shape {p.shape}, got {value.shape}")
+            if value.dtype.kind != "f":
+                raise TypeError(
+                    f"state[{name!r}] must be a floating-point array, got dtype {value.dtype}"
+                )
+            if not np.isfinite(value).all():
+                raise ValueError(f"state[{name!r}] contains NaN or infinite values")
+            arrays[name] = value
+        for name, p in params.items():
+            p.value[...] = arrays[name]

@@ -1,0 +1,288 @@
+"""Ways to tell attention where each token is.
+
+Self-attention treats its input as a set, so order has to be added: as fixed
+sinusoids added to the embeddings :cite:p:`vaswani2017attention`, as a learned
+table added the same way, or as rotations of queries and keys by an angle
+proportional to position (RoPE, :cite:t:`su2021roformer`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tinyformer._validation import (
+    float_array,
+    float_dtype,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from tinyformer.module import Module, Parameter
+
+__all__ = [
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "apply_rotary",
+    "rotary_frequencies",
+    "sinusoidal_encoding",
+    "sinusoidal_shift_matrix",
+]
+
+
+def _even_size(d_model: object, name: str = "d_model") -> int:
+    d = positive_int(d_model, name)
+    if d % 2:
+        raise ValueError(f"{name} must be even (dimensions come in sine/cosine pairs), got {d}")
+    return d
+
+
+def rotary_frequencies(d_model: int, base: float = 10000.0) -> np.ndarray:
+    r"""Angular frequencies :math:`\omega_i = \text{base}^{-2i/d}`, one per pair of dimensions.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(d_model // 2,)``, float64, falling geometrically from 1 to
+        nearly ``1 / base``.
+    """
+    d = _even_size(d_model)
+    base = positive_float(base, "base")
+    return base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+
+
+def sinusoidal_encoding(
+    n_positions: int, d_model: int, *, base: float = 10000.0, dtype: object = np.float64
+) -> np.ndarray:
+    r"""The fixed sinusoidal position table of :cite:t:`vaswani2017attention`.
+
+    .. math::
+        PE_{p,\,2i} = \sin(p\,\omega_i), \qquad PE_{p,\,2i+1} = \cos(p\,\omega_i),
+        \qquad \omega_i = \text{base}^{-2i/d_\text{model}}
+
+    Pair :math:`i` is a point on the unit circle turning at frequency
+    :math:`\omega_i` as the position :math:`p` grows.
+
+    Parameters
+    ----------
+    n_positions : int
+        Number of positions ``0 .. n_positions - 1``.
+    d_model : int
+        Width of the encoding; must be even.
+    base : float
+        Sets the slowest wavelength, :math:`2\pi \cdot \text{base}`.
+    dtype : float32 or float64
+        Dtype of the result.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(n_positions, d_model)``: sine in even columns, cosine in odd ones.
+    """
+    n = positive_int(n_positions, "n_positions")
+    dtype = float_dtype(dtype)
+    angles = np.arange(n, dtype=np.float64)[:, None] * rotary_frequencies(d_model, base)
+    table = np.empty((n, angles.shape[1] * 2), dtype=np.float64)  # (n, d_model)
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles)
+    return table.astype(dtype, copy=False)
+
+
+def sinusoidal_shift_matrix(offset: int, d_model: int, *, base: float = 10000.0) -> np.ndarray:
+    r"""The matrix :math:`M_k` with :math:`PE_{p+k} = M_k\,PE_p` for every position :math:`p`.
+
+    It is block diagonal, one :math:`2 \times 2` rotation per sine/cosine pair,
+
+    .. math::
+        \begin{pmatrix} \sin(p+k)\omega \\ \cos(p+k)\omega \end{pmatrix}
+        = \begin{pmatrix} \cos k\omega & \sin k\omega \\ -\sin k\omega & \cos k\omega
+          \end{pmatrix}
+          \begin{pmatrix} \sin p\omega \\ \cos p\omega \end{pmatrix},
+
+    and depends on the offset :math:`k` alone, not on :math:`p`.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(d_model, d_model)``, float64.
+    """
+    if isinstance(offset, bool) or not isinstance(offset, int | np.integer):
+        raise TypeError(f"offset must be an integer, got {type(offset).__name__} {offset!r}")
+    angles = int(offset) * rotary_frequencies(d_model, base)  # (d_model / 2,)
+    c, s = np.cos(angles), np.sin(angles)
+    m = np.zeros((2 * len(angles), 2 * len(angles)))
+    even = np.arange(0, m.shape[0], 2)
+    m[even, even], m[even, even + 1] = c, s
+    m[even + 1, even], m[even + 1, even + 1] = -s, c
+    return m
+
+
+def _positions_slice(x: np.ndarray, start: object, max_len: int | None, kind: str) -> slice:
+    start = non_negative_int(start, "start")
+    stop = start + x.shape[-2]
+    if max_len is not None and stop > max_len:
+        raise ValueError(
+            f"{kind} covers positions 0..{max_len - 1}, but x of shape {x.shape}"
+            f" starting at {start} needs position {stop - 1}"
+        )
+    return slice(start, stop)
+
+
+class SinusoidalPositionalEncoding(Module):
+    """Adds the fixed sinusoidal table to its input; has no parameters.
+
+    Parameters
+    ----------
+    d_model : int
+        Model width (even).
+    max_len : int
+        Length of the precomputed table; longer inputs are rejected.
+    dtype : float32 or float64
+        Dtype of the table and of accepted inputs.
+    """
+
+    def __init__(self, d_model: int, max_len: int = 4096, *, dtype: object = np.float64):
+        super().__init__()
+        self.d_model = _even_size(d_model)
+        self.max_len = positive_int(max_len, "max_len")
+        self.table = sinusoidal_encoding(self.max_len, self.d_model, dtype=dtype)
+
+    def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
+        """Return ``x + PE[start : start + T]`` for ``x`` of shape ``(..., T, d_model)``."""
+        x = float_array(x, "x", min_ndim=2, last_dim=self.d_model)
+        if x.dtype != self.table.dtype:
+            raise TypeError(f"x must have dtype {self.table.dtype}, got {x.dtype}")
+        rows = _positions_slice(x, start, self.max_len, "the sinusoidal table")
+        self._save(x.shape)
+        return x + self.table[rows]
+
+    def backward(self, grad_out: np.ndarray) -> np.ndarray:
+        """The table is a constant, so the gradient passes through unchanged."""
+        (shape,) = self._saved()
+        return self._check_grad(grad_out, shape, self.table.dtype)
+
+
+class LearnedPositionalEmbedding(Module):
+    r"""A trainable table of position vectors added to the input.
+
+    Initialized :math:`\mathcal{N}(0, \text{init\_std}^2)`. Unlike sinusoids, it
+    has nothing to say about positions at or beyond ``max_len``: they are errors.
+    """
+
+    def __init__(
+        self,
+        max_len: int,
+        d_model: int,
+        *,
+        rng: np.random.Generator,
+        init_std: float = 0.02,
+        dtype: object = np.float64,
+    ):
+        super().__init__()
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        self.max_len = positive_int(max_len, "max_len")
+        self.d_model = positive_int(d_model, "d_model")
+        std = positive_float(init_std, "init_std")
+        dtype = float_dtype(dtype)
+        self.weight = Parameter(rng.normal(0.0, std, (self.max_len, self.d_model)).astype(dtype))
+
+    def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
+        """Return ``x + P[start : start + T]`` for ``x`` of shape ``(..., T, d_model)``."""
+        x = float_array(x, "x", min_ndim=2, last_dim=self.d_model)
+        if x.dtype != self.weight.dtype:
+            raise TypeError(f"x must have dtype {self.weight.dtype}, got {x.dtype}")
+        rows = _positions_slice(x, start, self.max_len, "the learned position table")
+        self._save(x.shape, rows)
+        return x + self.weight.value[rows]
+
+    def backward(self, grad_out: np.ndarray) -> np.ndarray:
+        """Pass the gradient through and add its sum over the batch into the table rows used."""
+        shape, rows = self._saved()
+        grad = self._check_grad(grad_out, shape, self.weight.dtype)
+        self.weight.grad[rows] += grad.reshape(-1, *shape[-2:]).sum(axis=0)
+        return grad
+
+
+def apply_rotary(
+    x: np.ndarray,
+    positions: np.ndarray | None = None,
+    *,
+    base: float = 10000.0,
+    inverse: bool = False,
+) -> np.ndarray:
+    r"""Rotate each pair of features of ``x`` by an angle proportional to its position (RoPE).
+
+    For the pair :math:`(x_{2i}, x_{2i+1})` at position :math:`p`,
+
+    .. math::
+        \begin{pmatrix} x'_{2i} \\ x'_{2i+1} \end{pmatrix}
+        = \begin{pmatrix} \cos p\omega_i & -\sin p\omega_i \\
+                          \sin p\omega_i & \cos p\omega_i \end{pmatrix}
+          \begin{pmatrix} x_{2i} \\ x_{2i+1} \end{pmatrix}.
+
+    Applied to queries and keys, the score :math:`q'_m \cdot k'_n` depends on
+    the positions only through :math:`m - n` :cite:p:`su2021roformer`. The map is a
+    rotation, so its backward pass is the inverse rotation: ``inverse=True``.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Shape ``(..., T, d)`` with ``d`` even.
+    positions : numpy.ndarray of int, optional
+        Shape ``(T,)``; defaults to ``0 .. T-1``.
+    base : float
+        Frequency base, as in :func:`rotary_frequencies`.
+    inverse : bool
+        Rotate by minus the angle (the transpose, used for the gradient).
+
+    Returns
+    -------
+    numpy.ndarray
+        Same shape and dtype as ``x``.
+    """
+    x = float_array(x, "x", min_ndim=2)
+    n_pos, d = x.shape[-2:]
+    freqs = rotary_frequencies(_even_size(d, "x.shape[-1]"), base)  # (d / 2,)
+    if positions is None:
+        pos = np.arange(n_pos, dtype=np.float64)
+    else:
+        pos = np.asarray(positions)
+        if pos.dtype.kind not in "iu" or pos.shape != (n_pos,):
+            raise ValueError(
+                f"positions must be {n_pos} integers (one per row of x), got"
+                f" shape {pos.shape} and dtype {pos.dtype}"
+            )
+    angles = pos[:, None] * freqs  # (T, d / 2)
+    cos = np.cos(angles).astype(x.dtype, copy=False)
+    sin = np.sin(angles).astype(x.dtype, copy=False)
+    if inverse:
+        sin = -sin
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
+
+
+class RotaryEmbedding(Module):
+    """RoPE as a layer: rotates its input in ``forward``, rotates back in ``backward``."""
+
+    def __init__(self, d_head: int, *, base: float = 10000.0):
+        super().__init__()
+        self.d_head = _even_size(d_head, "d_head")
+        self.base = positive_float(base, "base")
+
+    def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
+        """Rotate ``x`` of shape ``(..., T, d_head)`` for positions ``start .. start+T-1``."""
+        x = float_array(x, "x", min_ndim=2, last_dim=self.d_head)
+        rows = _positions_slice(x, start, None, "RoPE")
+        positions = np.arange(rows.start, rows.stop)
+        self._save(x.shape, x.dtype, positions)
+        return apply_rotary(x, positions, base=self.base)
+
+    def backward(self, grad_out: np.ndarray) -> np.ndarray:
+        """Rotate the gradient back by the same angles (the rotation is orthogonal)."""
+        shape, dtype, positions = self._saved()
+        grad = self._check_grad(grad_out, shape, dtype)
+        return apply_rotary(grad, positions, base=self.base, inverse=True)

@@ -1,0 +1,68 @@
+"""Every internal link and anchor of the built book points at something that exists."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import ClassVar
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+pytestmark = pytest.mark.book
+
+
+class _Collector(HTMLParser):
+    """Collect element ids and the targets of links, images, scripts and styles."""
+
+    ATTRS: ClassVar[dict[str, str]] = {
+        "a": "href",
+        "link": "href",
+        "img": "src",
+        "script": "src",
+        "iframe": "src",
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.targets: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if values.get("id"):
+            self.ids.add(values["id"])
+        if tag == "a" and values.get("name"):
+            self.ids.add(values["name"])
+        target = values.get(self.ATTRS.get(tag, ""))
+        if target:
+            self.targets.append(target)
+
+
+def _parse(path: Path) -> _Collector:
+    collector = _Collector()
+    collector.feed(path.read_text(encoding="utf-8"))
+    return collector
+
+
+def test_internal_links_and_anchors_resolve(html_root, all_pages):
+    html = html_root
+    parsed = {path: _parse(html / path) for path in all_pages}
+    ids = {path: c.ids for path, c in parsed.items()}
+    problems = []
+    for page, collector in parsed.items():
+        for target in collector.targets:
+            parts = urlsplit(target)
+            if parts.scheme or parts.netloc:  # external: nox -s linkcheck
+                continue
+            file = (html / page).parent / unquote(parts.path) if parts.path else html / page
+            file = file.resolve()
+            if not file.exists():
+                problems.append(f"{page}: {target} -> missing file")
+                continue
+            if parts.fragment and file.suffix == ".html":
+                key = file.relative_to(html.resolve()).as_posix()
+                known = ids.get(key) or _parse(file).ids
+                if unquote(parts.fragment) not in known:
+                    problems.append(f"{page}: {target} -> no element with id {parts.fragment!r}")
+    assert not problems, "\n".join(problems)

@@ -1,0 +1,159 @@
+"""Softmax, log-softmax and the activations: values, derivatives, dtypes, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from tinyformer import functional as F
+from tinyformer.gradcheck import max_relative_error, numerical_gradient
+
+finite = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False)
+
+
+@given(arrays(np.float64, st.tuples(st.integers(1, 5), st.integers(1, 9)), elements=finite))
+def test_softmax_rows_are_distributions(x):
+    y = F.softmax(x)
+    assert np.all(y >= 0)
+    np.testing.assert_allclose(y.sum(axis=-1), 1.0, rtol=1e-12)
+
+
+@given(arrays(np.float64, st.integers(1, 9), elements=finite), st.floats(-1e4, 1e4))
+def test_softmax_ignores_a_constant_shift(x, c):
+    np.testing.assert_allclose(F.softmax(x + c), F.softmax(x), atol=1e-9)
+
+
+def test_softmax_survives_huge_inputs_where_the_naive_formula_overflows():
+    x = np.array([1e4, 1e4 - 1.0, 0.0])
+    with np.errstate(over="ignore", invalid="ignore"):
+        naive = np.exp(x) / np.exp(x).sum()
+    assert np.isnan(naive).any()
+    expected = np.array([1.0, math.exp(-1.0), 0.0]) / (1.0 + math.exp(-1.0))
+    np.testing.assert_allclose(F.softmax(x), expected, rtol=1e-15, atol=1e-300)
+
+
+def test_softmax_gives_zero_weight_to_minus_infinity_and_zeros_for_empty_rows():
+    x = np.array([[0.0, -np.inf, 1.0], [-np.inf, -np.inf, -np.inf]])
+    y = F.softmax(x)
+    assert y[0, 1] == 0.0
+    np.testing.assert_array_equal(y[1], 0.0)
+    assert not np.isnan(y).any()
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_softmax_along_any_axis(rng, axis):
+    x = rng.standard_normal((3, 4))
+    np.testing.assert_allclose(F.softmax(x, axis=axis).sum(axis=axis), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "fn",
+    [F.softmax, F.log_softmax, F.relu, F.relu_grad, F.gelu, F.gelu_grad, F.silu, F.silu_grad],
+)
+def test_functions_keep_the_input_dtype(rng, fn, dtype):
+    x = rng.standard_normal((2, 5)).astype(dtype)
+    assert fn(x).dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tanh_gelu_keeps_dtype(rng, dtype):
+    x = rng.standard_normal(7).astype(dtype)
+    assert F.gelu(x, "tanh").dtype == dtype
+    assert F.gelu_grad(x, "tanh").dtype == dtype
+
+
+def test_log_softmax_equals_log_of_softmax_and_is_stable(rng):
+    x = rng.standard_normal((4, 6)) * 3
+    np.testing.assert_allclose(F.log_softmax(x), np.log(F.softmax(x)), atol=1e-12)
+    big = np.array([1e4, 0.0])
+    np.testing.assert_allclose(F.log_softmax(big), [0.0, -1e4])
+
+
+def _check_vjp(forward, backward, x, rng):
+    g = rng.standard_normal(x.shape)
+    y = forward(x)
+    analytic = backward(g, y)
+    numeric = numerical_gradient(lambda: forward(x) * g, x)
+    assert max_relative_error(analytic, numeric) < 1e-6
+
+
+def test_softmax_backward_matches_finite_differences(rng):
+    x = rng.standard_normal((3, 5))
+    _check_vjp(F.softmax, F.softmax_backward, x, rng)
+
+
+def test_softmax_backward_along_axis_zero(rng):
+    x = rng.standard_normal((4, 3))
+    _check_vjp(
+        lambda a: F.softmax(a, axis=0), lambda g, y: F.softmax_backward(g, y, axis=0), x, rng
+    )
+
+
+def test_log_softmax_backward_matches_finite_differences(rng):
+    x = rng.standard_normal((3, 5))
+    _check_vjp(F.log_softmax, F.log_softmax_backward, x, rng)
+
+
+@pytest.mark.parametrize(
+    ("fn", "grad"),
+    [
+        (F.relu, F.relu_grad),
+        (F.gelu, F.gelu_grad),
+        (lambda x: F.gelu(x, "tanh"), lambda x: F.gelu_grad(x, "tanh")),
+        (F.silu, F.silu_grad),
+    ],
+    ids=["relu", "gelu", "gelu-tanh", "silu"],
+)
+def test_activation_derivatives_match_finite_differences(rng, fn, grad):
+    x = rng.standard_normal(40) * 3
+    x = x[np.abs(x) > 1e-2]  # ReLU has a kink at zero
+    numeric = numerical_gradient(lambda: float(fn(x).sum()), x)
+    assert max_relative_error(grad(x), numeric) < 1e-6
+
+
+def test_gelu_exact_matches_the_normal_cdf():
+    xs = np.linspace(-6, 6, 121)
+    expected = [v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in xs]
+    np.testing.assert_allclose(F.gelu(xs), expected, rtol=1e-15, atol=1e-300)
+
+
+def test_gelu_tanh_is_close_to_exact():
+    xs = np.linspace(-5, 5, 201)
+    assert np.abs(F.gelu(xs, "tanh") - F.gelu(xs)).max() < 1e-3
+
+
+def test_silu_does_not_overflow_for_large_negative_input():
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        y = F.silu(np.array([-1e4, 1e4]))
+    np.testing.assert_allclose(y, [0.0, 1e4])
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda: F.softmax(np.array([1.0, np.nan])), ValueError, "x must not contain NaN"),
+        (lambda: F.softmax(np.array([1.0, np.inf])), ValueError, "+inf"),
+        (lambda: F.softmax(np.array(["a", "b"])), TypeError, "x must be a real"),
+        (lambda: F.softmax(np.ones(3) + 1j), TypeError, "complex"),
+        (lambda: F.softmax(np.float64(1.0)), ValueError, "at least 1 dimensions"),
+        (lambda: F.softmax(np.ones((2, 3)), axis=2), ValueError, "axis must be in"),
+        (lambda: F.softmax(np.ones(3), axis=1.0), TypeError, "axis must be an integer"),
+        (lambda: F.softmax_backward(np.ones(3), np.ones(4)), ValueError, "grad_out must have"),
+        (lambda: F.log_softmax(np.full(3, -np.inf)), ValueError, "entirely -inf"),
+        (lambda: F.gelu(np.ones(3), approximate="fast"), ValueError, "approximate must be"),
+    ],
+)
+def test_bad_input_is_named(call, error, words):
+    with pytest.raises(error, match=None) as info:
+        call()
+    assert words in str(info.value)
+
+
+def test_integer_input_is_promoted_to_float64():
+    assert F.softmax(np.array([1, 2, 3])).dtype == np.float64

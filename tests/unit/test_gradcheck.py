@@ -1,0 +1,61 @@
+"""The gradient checker itself must catch wrong gradients, not only pass right ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinyformer.gradcheck import check_module_gradients, max_relative_error, numerical_gradient
+from tinyformer.module import Module, Parameter
+
+
+def test_numerical_gradient_of_a_known_function(rng):
+    x = rng.standard_normal(5)
+    numeric = numerical_gradient(lambda: float(np.sum(np.sin(x))), x)
+    np.testing.assert_allclose(numeric, np.cos(x), rtol=1e-8)
+
+
+def test_numerical_gradient_restores_the_input(rng):
+    x = rng.standard_normal((2, 3))
+    before = x.copy()
+    numerical_gradient(lambda: float(x.sum()), x)
+    np.testing.assert_array_equal(x, before)
+
+
+def test_max_relative_error_floor_and_scale():
+    assert max_relative_error(np.zeros(3), np.zeros(3)) == 0.0
+    assert max_relative_error(np.array([1.0, 2.0]), np.array([1.0, 2.2])) == pytest.approx(
+        0.2 / 2.2
+    )
+
+
+class BuggyLinear(Module):
+    """y = x W with a backward that forgets a transpose for the input gradient."""
+
+    def __init__(self, rng, buggy):
+        super().__init__()
+        self.w = Parameter(rng.standard_normal((3, 3)))
+        self.buggy = buggy
+
+    def forward(self, x):
+        self._save(x)
+        return x @ self.w.value
+
+    def backward(self, grad_out):
+        (x,) = self._saved()
+        self.w.grad += x.T @ grad_out
+        return grad_out @ (self.w.value if self.buggy else self.w.value.T)
+
+
+def test_check_module_gradients_passes_correct_and_flags_buggy(rng):
+    x = rng.standard_normal((4, 3))
+    good = check_module_gradients(BuggyLinear(rng, buggy=False), [x], rng=rng)
+    bad = check_module_gradients(BuggyLinear(rng, buggy=True), [x], rng=rng)
+    assert max(good.values()) < 1e-8
+    assert bad["input 0"] > 1e-2
+    assert bad["w"] < 1e-8
+
+
+def test_numerical_gradient_needs_float64():
+    with pytest.raises(TypeError, match="float64"):
+        numerical_gradient(lambda: 0.0, np.ones(3, np.float32))
