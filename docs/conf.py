@@ -61,7 +61,8 @@ nb_execution_raise_on_error = True  # a cell that raises fails the build, naming
 nb_execution_show_tb = True
 nb_execution_timeout = 600
 nb_merge_streams = True
-nb_output_stderr = "warn"  # anything a cell prints to stderr (a NumPy warning, say) fails the build
+# Anything a cell prints to stderr (a NumPy warning, say) is a warning, so it fails the build.
+nb_output_stderr = "warn"
 nb_execution_excludepatterns: list[str] = []
 
 
