@@ -144,3 +144,32 @@ def token_ids(ids: object, name: str, vocab_size: int | None = None) -> np.ndarr
             f"{name} must be below the vocabulary size {vocab_size}, got maximum {arr.max()}"
         )
     return arr
+
+
+def non_negative_float(value: object, name: str) -> float:
+    """Return ``value`` as a ``float`` if it is a finite number >= 0, else raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a non-negative number, got {describe(value)}")
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite non-negative number, got {value}")
+    return float(value)
+
+
+def unit_interval(value: object, name: str, *, include_one: bool = False) -> float:
+    """Return ``value`` as a ``float`` if it lies in [0, 1) (or [0, 1]), else raise."""
+    interval = "[0, 1]" if include_one else "[0, 1)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in {interval}, got {describe(value)}")
+    if not (0.0 <= value < 1.0 or (include_one and value == 1.0)):
+        raise ValueError(f"{name} must be in {interval}, got {value}")
+    return float(value)
+
+
+def generator(rng: object, name: str = "rng") -> np.random.Generator:
+    """Return ``rng`` if it is a :class:`numpy.random.Generator`, else raise."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"{name} must be a numpy.random.Generator (e.g. np.random.default_rng(0)),"
+            f" got {describe(rng)}"
+        )
+    return rng

@@ -1,0 +1,47 @@
+"""Data for the book's experiments: tokenizers, toy tasks, batches and a synthetic language.
+
+- :mod:`tinyformer.data.tokenizers`: special tokens, :class:`~tinyformer.data.tokenizers.CharTokenizer`,
+  :class:`~tinyformer.data.tokenizers.BPETokenizer`
+- :mod:`tinyformer.data.batching`: padding, teacher forcing, :class:`~tinyformer.data.batching.Batch` and its masks
+- :mod:`tinyformer.data.tasks`: copy, reverse and sort, with held-out splits
+- :mod:`tinyformer.data.markov`: a Markov source whose entropy rate is known exactly
+"""
+
+from __future__ import annotations
+
+from tinyformer.data.batching import Batch, PairDataset, make_batch, pad_sequences, teacher_forcing
+from tinyformer.data.markov import MarkovSource, empirical_entropy_rate
+from tinyformer.data.tasks import TASKS, SequenceTask, TaskSplit
+from tinyformer.data.tokenizers import (
+    BOS_ID,
+    EOS_ID,
+    N_SPECIAL,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    UNK_ID,
+    BPETokenizer,
+    CharTokenizer,
+    Tokenizer,
+)
+
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "N_SPECIAL",
+    "PAD_ID",
+    "SPECIAL_TOKENS",
+    "TASKS",
+    "UNK_ID",
+    "BPETokenizer",
+    "Batch",
+    "CharTokenizer",
+    "MarkovSource",
+    "PairDataset",
+    "SequenceTask",
+    "TaskSplit",
+    "Tokenizer",
+    "empirical_entropy_rate",
+    "make_batch",
+    "pad_sequences",
+    "teacher_forcing",
+]

@@ -1,0 +1,337 @@
+"""Optimizers and gradient clipping: update rules, dtypes, resumption, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tinyformer.module import Parameter
+from tinyformer.optim import SGD, Adam, AdamW, Optimizer, clip_grad_norm, grad_norm
+from tinyformer.schedules import WarmupCosineSchedule
+
+OPTIMIZERS = {
+    "sgd": lambda ps, lr=0.1: SGD(ps, lr),
+    "momentum": lambda ps, lr=0.1: SGD(ps, lr, momentum=0.9, weight_decay=0.01),
+    "nesterov": lambda ps, lr=0.1: SGD(ps, lr, momentum=0.8, nesterov=True),
+    "dampened": lambda ps, lr=0.1: SGD(ps, lr, momentum=0.5, dampening=0.3),
+    "adam": lambda ps, lr=0.05: Adam(ps, lr, weight_decay=0.01),
+    "adamw": lambda ps, lr=0.05: AdamW(ps, lr, weight_decay=0.1),
+}
+
+
+def _params(rng, dtype=np.float64):
+    return [
+        Parameter(rng.standard_normal((3, 4)).astype(dtype)),
+        Parameter(rng.standard_normal(4).astype(dtype)),
+    ]
+
+
+def _set_grads(params, rng):
+    for p in params:
+        p.grad[...] = rng.standard_normal(p.shape) + 0.5 * p.value
+
+
+def _run(opt, rng, n_steps):
+    for _ in range(n_steps):
+        _set_grads(opt.parameters, rng)
+        opt.step()
+
+
+def test_plain_sgd_step():
+    p = Parameter(np.array([1.0, -2.0]))
+    p.grad[...] = [0.5, 0.25]
+    SGD([p], lr=0.1).step()
+    np.testing.assert_allclose(p.value, [0.95, -2.025], rtol=1e-15)
+
+
+def test_sgd_momentum_matches_the_recurrence_written_out(rng):
+    mu, lr, wd = 0.9, 0.05, 0.01
+    p = Parameter(rng.standard_normal(5))
+    theta, buf = p.value.copy(), None
+    opt = SGD([p], lr, momentum=mu, weight_decay=wd)
+    for _ in range(4):
+        g = rng.standard_normal(5)
+        p.grad[...] = g
+        opt.step()
+        g = g + wd * theta
+        buf = g if buf is None else mu * buf + g
+        theta = theta - lr * buf
+        np.testing.assert_allclose(p.value, theta, rtol=1e-14)
+
+
+def test_adam_first_step_moves_each_coordinate_by_lr():
+    p = Parameter(np.zeros(4))
+    p.grad[...] = [3.0, -0.01, 200.0, -5.0]
+    Adam([p], lr=0.1, eps=1e-12).step()
+    np.testing.assert_allclose(p.value, [-0.1, 0.1, -0.1, 0.1], rtol=1e-9)
+
+
+def test_adamw_decay_is_decoupled_from_the_gradient_scale():
+    a, b = Parameter(np.ones(2)), Parameter(np.ones(2))
+    a.grad[...] = [1e-3, 1e3]
+    b.grad[...] = [1e-3, 1e3]
+    AdamW([a], lr=0.1, weight_decay=0.5, eps=1e-12).step()
+    Adam([b], lr=0.1, weight_decay=0.5, eps=1e-12).step()
+    # AdamW: shrink by (1 - lr * wd), then the sign-like Adam step
+    np.testing.assert_allclose(a.value, 0.95 - 0.1, rtol=1e-9)
+    # Adam: the decay enters the gradient and is normalized with it: every coordinate moves by lr
+    assert b.value[0] == pytest.approx(0.9, rel=1e-9)
+    assert b.value[1] == pytest.approx(0.9, rel=1e-9)
+
+
+def test_adamw_without_decay_equals_adam(rng):
+    pa, pb = _params(rng), _params(rng)
+    for x, y in zip(pa, pb, strict=True):
+        y.value[...] = x.value
+    opt_a, opt_b = AdamW(pa, 0.01, weight_decay=0.0), Adam(pb, 0.01)
+    _run(opt_a, np.random.default_rng(1), 5)
+    _run(opt_b, np.random.default_rng(1), 5)
+    for x, y in zip(pa, pb, strict=True):
+        np.testing.assert_array_equal(x.value, y.value)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: SGD(ps, 0.1),
+        lambda ps: SGD(ps, 0.02, momentum=0.9),
+        lambda ps: SGD(ps, 0.02, momentum=0.9, nesterov=True),
+        lambda ps: Adam(ps, WarmupCosineSchedule(0.05, 50, 2000, min_lr=1e-4)),
+        lambda ps: AdamW(ps, WarmupCosineSchedule(0.05, 50, 2000, min_lr=1e-4), weight_decay=0.0),
+    ],
+    ids=["sgd", "momentum", "nesterov", "adam", "adamw"],
+)
+def test_optimizers_solve_least_squares(make, rng):
+    A = rng.standard_normal((20, 3))
+    b = rng.standard_normal(20)
+    x_star = np.linalg.lstsq(A, b, rcond=None)[0]
+    x = Parameter(np.zeros(3))
+    opt = make([x])
+    for _ in range(2000):
+        x.grad[...] = A.T @ (A @ x.value - b) / len(b)
+        opt.step()
+    np.testing.assert_allclose(x.value, x_star, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_float32_stays_float32(name, rng):
+    params = _params(rng, np.float32)
+    opt = OPTIMIZERS[name](params)
+    _run(opt, rng, 3)
+    assert all(p.value.dtype == np.float32 for p in params)
+    assert all(b.dtype == np.float32 for bufs in opt.buffers.values() for b in bufs)
+    clip_grad_norm(params, 0.1)
+    assert all(p.grad.dtype == np.float32 for p in params)
+
+
+def test_zero_grad_clears_every_gradient(rng):
+    params = _params(rng)
+    _set_grads(params, rng)
+    Adam(params).zero_grad()
+    assert all((p.grad == 0).all() for p in params)
+
+
+def test_a_schedule_sets_the_rate_of_each_step():
+    schedule = WarmupCosineSchedule(0.1, warmup_steps=4, total_steps=10)
+    p = Parameter(np.zeros(1))
+    opt = SGD([p], schedule)
+    assert opt.schedule is schedule
+    for t in range(1, 13):
+        assert opt.lr == schedule(t)
+        before = p.value.copy()
+        p.grad[...] = 1.0
+        opt.step()
+        np.testing.assert_allclose(before - p.value, schedule(t), rtol=0, atol=1e-15)
+    opt.lr = 0.5
+    assert opt.schedule is None
+    assert opt.lr == 0.5
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_state_dict_resumes_exactly(name, scheduled, rng):
+    lr = WarmupCosineSchedule(0.05, 3, 12) if scheduled else 0.05
+    start = _params(rng)
+    straight = [Parameter(p.value.copy()) for p in start]
+    opt = OPTIMIZERS[name](straight, lr)
+    _run(opt, np.random.default_rng(1), 10)
+
+    first = [Parameter(p.value.copy()) for p in start]
+    opt1 = OPTIMIZERS[name](first, lr)
+    grads = np.random.default_rng(1)
+    _run(opt1, grads, 6)
+    state = opt1.state_dict()
+    values = [p.value.copy() for p in first]
+    _run(opt1, np.random.default_rng(99), 2)  # the saved state must not follow
+    resumed = [Parameter(v) for v in values]
+    opt2 = OPTIMIZERS[name](resumed, 123.0 if not scheduled else lr)
+    opt2.load_state_dict(state)
+    assert opt2.step_count == 6
+    _run(opt2, grads, 4)
+    for a, b in zip(straight, resumed, strict=True):
+        np.testing.assert_array_equal(a.value, b.value)
+
+
+def test_state_dict_survives_an_npz_file(rng, tmp_path):
+    params = _params(rng)
+    opt = Adam(params, 0.01, betas=(0.8, 0.99))
+    _run(opt, rng, 3)
+    np.savez(tmp_path / "opt.npz", **opt.state_dict())
+    with np.load(tmp_path / "opt.npz") as saved:
+        state = dict(saved)
+    other = Adam([Parameter(p.value.copy()) for p in params])
+    other.load_state_dict(state)
+    assert other.step_count == 3
+    assert other.betas == (0.8, 0.99)
+    assert other.lr == 0.01
+    for a, b in zip(opt.buffers["exp_avg_sq"], other.buffers["exp_avg_sq"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _broken(state, **changes):
+    out = dict(state)
+    for key, value in changes.items():
+        if value is None:
+            del out[key]
+        else:
+            out[key] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "words"),
+    [
+        ({"optimizer": "SGD"}, ValueError, "state is for optimizer 'SGD', not 'Adam'"),
+        ({"exp_avg.1": None}, ValueError, "missing ['exp_avg.1']"),
+        ({"step": -1}, ValueError, "state['step'] must be a non-negative integer"),
+        ({"step": 2.5}, TypeError, "state['step']"),
+        ({"exp_avg.0": np.zeros((4, 3))}, ValueError, "state['exp_avg.0'] must have shape (3, 4)"),
+        ({"exp_avg.0": np.zeros((3, 4), np.float32)}, ValueError, "dtype float64"),
+        ({"exp_avg_sq.1": np.full(4, np.nan)}, ValueError, "NaN or infinite"),
+        ({"betas": (0.9, 1.0)}, ValueError, "betas[1] must be in [0, 1)"),
+        ({"lr": -0.1}, ValueError, "state['lr']"),
+        ({"lr": None}, ValueError, "a constant lr is saved"),
+    ],
+)
+def test_load_state_dict_rejects_bad_state_and_changes_nothing(rng, changes, error, words):
+    opt = Adam(_params(rng), 0.01)
+    _run(opt, rng, 2)
+    state = opt.state_dict()
+    before = (opt.step_count, opt.lr, opt.betas, [b.copy() for b in opt.buffers["exp_avg"]])
+    with pytest.raises(error) as info:
+        opt.load_state_dict(_broken(state, **changes))
+    assert words in str(info.value)
+    assert (opt.step_count, opt.lr, opt.betas) == before[:3]
+    for a, b in zip(opt.buffers["exp_avg"], before[3], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_non_finite_gradient_stops_the_step_and_touches_nothing(rng):
+    params = _params(rng)
+    opt = AdamW(params, 0.01)
+    _run(opt, rng, 1)
+    values = [p.value.copy() for p in params]
+    params[1].grad[2] = np.inf
+    with pytest.raises(
+        ValueError, match=r"parameters\[1\]\.grad contains NaN or infinite values at step 2"
+    ):
+        opt.step()
+    assert opt.step_count == 1
+    for p, v in zip(params, values, strict=True):
+        np.testing.assert_array_equal(p.value, v)
+
+
+def test_clip_grad_norm_rescales_to_the_max_norm_and_returns_the_norm_before(rng):
+    params = _params(rng)
+    _set_grads(params, rng)
+    grads = [p.grad.copy() for p in params]
+    norm = math.sqrt(sum((g**2).sum() for g in grads))
+    assert grad_norm(params) == pytest.approx(norm, rel=1e-14)
+    returned = clip_grad_norm(params, norm / 4)
+    assert returned == pytest.approx(norm, rel=1e-14)
+    assert grad_norm(params) == pytest.approx(norm / 4, rel=1e-6)
+    for p, g in zip(params, grads, strict=True):  # the direction is kept
+        np.testing.assert_allclose(p.grad, g * (norm / 4) / (norm + 1e-6), rtol=1e-14)
+
+
+def test_clip_grad_norm_leaves_small_gradients_alone(rng):
+    params = _params(rng)
+    _set_grads(params, rng)
+    grads = [p.grad.copy() for p in params]
+    clip_grad_norm(params, 1e6)
+    for p, g in zip(params, grads, strict=True):
+        np.testing.assert_array_equal(p.grad, g)
+
+
+def test_clip_grad_norm_on_non_finite_gradients(rng):
+    params = _params(rng)
+    params[0].grad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="global gradient norm is nan"):
+        clip_grad_norm(params, 1.0)
+    assert math.isnan(clip_grad_norm(params, 1.0, error_if_nonfinite=False))
+    assert np.isnan(params[0].grad[0, 0])
+
+
+def _p():
+    return [Parameter(np.zeros(2))]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda: SGD(_p(), lr=-0.1), ValueError, "lr must be a finite non-negative"),
+        (
+            lambda: SGD(_p(), lr="fast"),
+            TypeError,
+            "lr must be a non-negative number or a schedule",
+        ),
+        (lambda: SGD(_p(), lr=float("nan")), ValueError, "lr must be a finite"),
+        (lambda: SGD(_p(), 0.1, momentum=1.0), ValueError, "momentum must be in [0, 1)"),
+        (lambda: SGD(_p(), 0.1, momentum=-0.5), ValueError, "momentum must be in [0, 1)"),
+        (lambda: SGD(_p(), 0.1, dampening=1.5), ValueError, "dampening must be in [0, 1]"),
+        (lambda: SGD(_p(), 0.1, nesterov=True), ValueError, "nesterov needs momentum > 0"),
+        (
+            lambda: SGD(_p(), 0.1, momentum=0.9, nesterov="yes"),
+            TypeError,
+            "nesterov must be a bool",
+        ),
+        (
+            lambda: SGD(_p(), 0.1, weight_decay=-1.0),
+            ValueError,
+            "weight_decay must be a finite non-negative",
+        ),
+        (lambda: Adam(_p(), betas=(0.9, 1.0)), ValueError, "betas[1] must be in [0, 1)"),
+        (lambda: Adam(_p(), betas=(-0.1, 0.9)), ValueError, "betas[0] must be in [0, 1)"),
+        (lambda: Adam(_p(), betas=0.9), TypeError, "betas must be a pair"),
+        (lambda: Adam(_p(), eps=0.0), ValueError, "eps must be a finite positive"),
+        (lambda: AdamW(_p(), weight_decay=float("inf")), ValueError, "weight_decay"),
+        (lambda: Adam([]), ValueError, "at least one Parameter"),
+        (lambda: Adam([np.zeros(2)]), TypeError, "parameters[0] must be a Parameter"),
+        (lambda: Adam(Parameter(np.zeros(2))), TypeError, "parameters must be an iterable"),
+        (lambda: Adam(_p() * 2), ValueError, "the same Parameter twice"),
+        (
+            lambda: SGD(_p(), lambda t: -1.0).step(),
+            ValueError,
+            "finite lr >= 0, got -1.0 at step 1",
+        ),
+        (lambda: SGD(_p(), lambda t: "x").step(), TypeError, "schedule must return a number"),
+        (lambda: clip_grad_norm(_p(), 0.0), ValueError, "max_norm must be a finite positive"),
+        (lambda: clip_grad_norm(_p(), -1.0), ValueError, "max_norm"),
+        (lambda: Optimizer(_p(), 0.1).step(), NotImplementedError, ""),
+    ],
+)
+def test_bad_input_is_named(call, error, words):
+    with pytest.raises(error) as info:
+        call()
+    assert words in str(info.value)
+
+
+def test_wrong_gradient_shape_is_named():
+    p = Parameter(np.zeros(3))
+    p.grad = np.zeros(4)
+    with pytest.raises(
+        ValueError, match=r"parameters\[0\]\.grad must be an array of the parameter's shape \(3,\)"
+    ):
+        SGD([p], 0.1).step()
