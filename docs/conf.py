@@ -49,6 +49,7 @@ nitpick_ignore_regex = [
     (r"py:class", r"array_like|float32|float64|float32 or float64|Path|pathlib\.Path"),
     (r"py:class", r"numpy.ndarray of (int|bool)"),
     (r"py:class", r"tuple of numpy.ndarray"),
+    (r"py:class", r"(sequence|mapping|callable|iterable|list|dict|tuple)( of .*)?"),
 ]
 
 # -- MyST and notebook execution ----------------------------------------------
