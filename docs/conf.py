@@ -39,6 +39,7 @@ extensions = [
 
 exclude_patterns = ["_build", "_ext", "**.ipynb_checkpoints", ".jupyter_cache", "jupyter_execute"]
 nitpicky = True
+numfig = True
 # Names outside this project that no local inventory describes (intersphinx
 # would fetch one over the network, which the build must not do).
 nitpick_ignore_regex = [
