@@ -3,7 +3,10 @@
 Self-attention treats its input as a set, so order has to be added: as fixed
 sinusoids added to the embeddings :cite:p:`vaswani2017attention`, as a learned
 table added the same way, or as rotations of queries and keys by an angle
-proportional to position (RoPE, :cite:t:`su2021roformer`).
+proportional to position (RoPE, :cite:t:`su2021roformer`). A binary code of the
+position and two measuring tools (the best linear shift between rows of a
+table, and the distance from new encodings to those seen in training) serve
+to compare the schemes.
 """
 
 from __future__ import annotations
@@ -24,10 +27,16 @@ __all__ = [
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "apply_rotary",
+    "binary_encoding",
+    "distance_to_seen",
+    "fit_shift_matrix",
     "rotary_frequencies",
     "sinusoidal_encoding",
+    "sinusoidal_encoding_at",
     "sinusoidal_shift_matrix",
 ]
+
+_MAX_BITS = 62  # positions are int64: 2**62 leaves room for the shifts below
 
 
 def _even_size(d_model: object, name: str = "d_model") -> int:
@@ -80,12 +89,85 @@ def sinusoidal_encoding(
         Shape ``(n_positions, d_model)``: sine in even columns, cosine in odd ones.
     """
     n = positive_int(n_positions, "n_positions")
+    return sinusoidal_encoding_at(np.arange(n), d_model, base=base, dtype=dtype)
+
+
+def sinusoidal_encoding_at(
+    positions: np.ndarray, d_model: int, *, base: float = 10000.0, dtype: object = np.float64
+) -> np.ndarray:
+    r"""The sinusoidal encoding of any real positions, fractional ones included.
+
+    The same formula as :func:`sinusoidal_encoding`, evaluated at the given
+    positions instead of ``0 .. n - 1``. Fractional positions arise when
+    positions are rescaled to squeeze a long sequence into a trained range
+    (position interpolation, :cite:t:`chen2023extending`).
+
+    Parameters
+    ----------
+    positions : numpy.ndarray
+        Shape ``(n,)``, finite real numbers.
+    d_model : int
+        Width of the encoding; must be even.
+    base : float
+        As in :func:`sinusoidal_encoding`.
+    dtype : float32 or float64
+        Dtype of the result.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(n, d_model)``.
+    """
+    pos = float_array(positions, "positions", ndim=1).astype(np.float64, copy=False)
+    if not np.all(np.isfinite(pos)):
+        raise ValueError("positions must be finite numbers, got NaN or inf")
     dtype = float_dtype(dtype)
-    angles = np.arange(n, dtype=np.float64)[:, None] * rotary_frequencies(d_model, base)
-    table = np.empty((n, angles.shape[1] * 2), dtype=np.float64)  # (n, d_model)
+    angles = pos[:, None] * rotary_frequencies(d_model, base)  # (n, d_model / 2)
+    table = np.empty((len(pos), angles.shape[1] * 2), dtype=np.float64)  # (n, d_model)
     table[:, 0::2] = np.sin(angles)
     table[:, 1::2] = np.cos(angles)
     return table.astype(dtype, copy=False)
+
+
+def binary_encoding(
+    n_positions: int, n_bits: int | None = None, *, dtype: object = np.float64
+) -> np.ndarray:
+    r"""Each position written in base two, least significant bit first.
+
+    .. math:: B_{p,\,j} = \lfloor p / 2^j \rfloor \bmod 2
+
+    Column :math:`j` flips every :math:`2^j` positions, as sinusoid pair
+    :math:`i` turns with wavelength :math:`2\pi/\omega_i`: the code is the
+    discrete cousin of the sinusoidal table, kept here to show what it lacks.
+
+    Parameters
+    ----------
+    n_positions : int
+        Number of positions ``0 .. n_positions - 1``.
+    n_bits : int, optional
+        Number of columns; defaults to the fewest bits that write
+        ``n_positions - 1`` (at least one). ``n_bits`` bits reach position
+        :math:`2^{n\_bits} - 1` and no further.
+    dtype : float32 or float64
+        Dtype of the result.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(n_positions, n_bits)``, entries 0 and 1.
+    """
+    n = positive_int(n_positions, "n_positions")
+    bits = max(1, (n - 1).bit_length()) if n_bits is None else positive_int(n_bits, "n_bits")
+    if bits > _MAX_BITS:
+        raise ValueError(f"n_bits must be at most {_MAX_BITS}, got {bits}")
+    if n > 2**bits:
+        raise ValueError(
+            f"n_bits={bits} writes positions 0..{2**bits - 1} only, but n_positions={n}"
+            f" needs position {n - 1}"
+        )
+    dtype = float_dtype(dtype)
+    positions = np.arange(n, dtype=np.int64)[:, None]  # (n, 1)
+    return ((positions >> np.arange(bits)) & 1).astype(dtype)  # (n, n_bits)
 
 
 def sinusoidal_shift_matrix(offset: int, d_model: int, *, base: float = 10000.0) -> np.ndarray:
@@ -286,3 +368,69 @@ class RotaryEmbedding(Module):
         shape, dtype, positions = self._saved()
         grad = self._check_grad(grad_out, shape, dtype)
         return apply_rotary(grad, positions, base=self.base, inverse=True)
+
+
+def fit_shift_matrix(table: np.ndarray, offset: int) -> np.ndarray:
+    r"""The matrix that best moves every row of a position table ``offset`` rows on.
+
+    The least-squares solution of
+
+    .. math:: \min_M \sum_{p=0}^{n-1-k} \lVert T_{p+k} - M\,T_p \rVert^2 ,
+
+    which answers: is "``offset`` positions later" a linear function of the
+    encoding? For the sinusoidal table the residual vanishes (to rounding)
+    because :func:`sinusoidal_shift_matrix` is such a map; for codes where it
+    is not (the binary code, with its carries) a residual remains. Where the
+    rows do not span the whole space, the smallest-norm solution is returned.
+
+    Parameters
+    ----------
+    table : numpy.ndarray
+        Shape ``(n, d)``: row ``p`` encodes position ``p``.
+    offset : int
+        The shift :math:`k`, with ``1 <= k < n``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(d, d)``, float64, such that ``table[p + k] ~ M @ table[p]``.
+    """
+    table = float_array(table, "table", ndim=2).astype(np.float64, copy=False)
+    k = positive_int(offset, "offset")
+    if k >= table.shape[0]:
+        raise ValueError(
+            f"offset must be smaller than the number of rows of table ({table.shape[0]}), got {k}"
+        )
+    # Solve table[:-k] @ X = table[k:] for X (d, d); then M = X^T acts on columns.
+    solution, *_ = np.linalg.lstsq(table[:-k], table[k:], rcond=None)
+    return solution.T
+
+
+def distance_to_seen(encodings: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    r"""Euclidean distance from each encoding to the nearest of a set of seen encodings.
+
+    .. math:: \delta_p = \min_q \lVert e_p - s_q \rVert
+
+    With ``seen`` the encodings of the positions a model was trained on, a
+    large :math:`\delta_p` says position :math:`p` looks like nothing the
+    model has met. Memory grows as ``n * m * d``; meant for tables of a few
+    thousand rows.
+
+    Parameters
+    ----------
+    encodings : numpy.ndarray
+        Shape ``(n, d)``.
+    seen : numpy.ndarray
+        Shape ``(m, d)``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(n,)``, float64.
+    """
+    e = float_array(encodings, "encodings", ndim=2).astype(np.float64, copy=False)
+    s = float_array(seen, "seen", ndim=2, last_dim=e.shape[1]).astype(np.float64, copy=False)
+    if s.shape[0] == 0:
+        raise ValueError(f"seen must hold at least one encoding, got shape {s.shape}")
+    gaps = e[:, None, :] - s[None, :, :]  # (n, m, d)
+    return np.sqrt(np.einsum("nmd,nmd->nm", gaps, gaps).min(axis=1))  # (n,)

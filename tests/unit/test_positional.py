@@ -13,8 +13,12 @@ from tinyformer.positional import (
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
     apply_rotary,
+    binary_encoding,
+    distance_to_seen,
+    fit_shift_matrix,
     rotary_frequencies,
     sinusoidal_encoding,
+    sinusoidal_encoding_at,
     sinusoidal_shift_matrix,
 )
 
@@ -126,6 +130,95 @@ def test_learned_table_only_receives_gradient_on_used_rows(rng):
     np.testing.assert_array_equal(np.delete(layer.weight.grad, [4, 5], axis=0), 0.0)
 
 
+def test_encoding_at_integer_positions_is_the_table():
+    table = sinusoidal_encoding(50, 12)
+    np.testing.assert_array_equal(sinusoidal_encoding_at(np.arange(50), 12), table)
+    np.testing.assert_array_equal(sinusoidal_encoding_at([3, 7, 3], 12), table[[3, 7, 3]])
+
+
+@given(st.floats(-1e4, 1e4), st.sampled_from([2, 6, 32]))
+def test_encoding_at_any_position_is_a_point_on_each_circle(p, d):
+    row = sinusoidal_encoding_at(np.array([p]), d)[0]
+    np.testing.assert_allclose(row[0::2] ** 2 + row[1::2] ** 2, 1.0, atol=1e-12)
+    angles = p * rotary_frequencies(d)
+    np.testing.assert_allclose(row[0::2], np.sin(angles), atol=1e-12)
+    np.testing.assert_allclose(row[1::2], np.cos(angles), atol=1e-12)
+
+
+def test_half_way_positions_lie_between_their_neighbours():
+    halves = sinusoidal_encoding_at(np.arange(10) + 0.5, 16)
+    table = sinusoidal_encoding(11, 16)
+    step = np.linalg.norm(table[1] - table[0])
+    np.testing.assert_allclose(
+        np.linalg.norm(halves - table[:-1], axis=1), np.linalg.norm(halves - table[1:], axis=1)
+    )
+    assert np.all(np.linalg.norm(halves - table[:-1], axis=1) < step)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_encoding_at_dtype(dtype):
+    assert sinusoidal_encoding_at(np.array([0.5, 2.0]), 4, dtype=dtype).dtype == dtype
+
+
+def test_binary_code_writes_each_position_in_base_two():
+    code = binary_encoding(13)
+    assert code.shape == (13, 4)
+    weights = 2 ** np.arange(4)
+    np.testing.assert_array_equal(code @ weights, np.arange(13))
+    np.testing.assert_array_equal(code[6], [0, 1, 1, 0])  # 6 = 0b110, least significant first
+
+
+@pytest.mark.parametrize(("n", "bits"), [(1, 1), (2, 1), (3, 2), (64, 6), (65, 7)])
+def test_binary_code_default_width_is_the_fewest_bits(n, bits):
+    assert binary_encoding(n).shape == (n, bits)
+
+
+@given(st.integers(1, 1000))
+def test_binary_neighbours_differ_in_one_bit_more_than_trailing_zeros(p):
+    code = binary_encoding(p + 1, 10)
+    trailing_zeros = (p & -p).bit_length() - 1  # p = ...1000 has three
+    assert int(np.sum(code[p] != code[p - 1])) == trailing_zeros + 1
+
+
+def test_binary_code_dtype_and_width():
+    code = binary_encoding(4, 8, dtype=np.float32)
+    assert code.shape == (4, 8)
+    assert code.dtype == np.float32
+
+
+def test_fit_recovers_the_sinusoidal_shift_matrix():
+    table = sinusoidal_encoding(400, 8)
+    for k in (1, 3, 10):
+        m = fit_shift_matrix(table, k)
+        np.testing.assert_allclose(m, sinusoidal_shift_matrix(k, 8), atol=1e-8)
+        np.testing.assert_allclose(table[:-k] @ m.T, table[k:], atol=1e-10)
+
+
+def test_no_linear_map_shifts_the_binary_code():
+    code = binary_encoding(64)
+    m = fit_shift_matrix(code, 1)
+    residual = np.abs(code[:-1] @ m.T - code[1:]).max()
+    assert residual > 0.4, residual
+
+
+def test_fit_is_exact_for_a_cyclic_permutation_code():
+    one_hot = np.eye(5)[np.arange(12) % 5]  # position p -> one-hot of p mod 5
+    m = fit_shift_matrix(one_hot, 2)
+    np.testing.assert_allclose(m, np.roll(np.eye(5), 2, axis=0), atol=1e-12)
+
+
+def test_distance_to_seen_matches_brute_force(rng):
+    e, s = rng.standard_normal((7, 3)), rng.standard_normal((4, 3))
+    brute = [min(np.linalg.norm(a - b) for b in s) for a in e]
+    np.testing.assert_allclose(distance_to_seen(e, s), brute, rtol=1e-12)
+
+
+def test_distance_to_seen_is_zero_for_seen_rows():
+    table = sinusoidal_encoding(20, 8)
+    np.testing.assert_array_equal(distance_to_seen(table[5:15], table), 0.0)
+    assert np.all(distance_to_seen(sinusoidal_encoding(40, 8)[20:], table) > 0)
+
+
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [
@@ -145,6 +238,13 @@ def test_learned_table_only_receives_gradient_on_used_rows(rng):
             "positions 0..3",
         ),
         (
+            lambda: LearnedPositionalEmbedding(4, 2, rng=np.random.default_rng(0)).forward(
+                np.ones((1, 3, 2), np.float32)
+            ),
+            TypeError,
+            "x must have dtype float64",
+        ),
+        (
             lambda: LearnedPositionalEmbedding(4, 2, rng=0),
             TypeError,
             "rng must be a numpy.random.Generator",
@@ -161,6 +261,23 @@ def test_learned_table_only_receives_gradient_on_used_rows(rng):
         ),
         (lambda: RotaryEmbedding(4).forward(np.ones((2, 4)), start=-1), ValueError, "start"),
         (lambda: RotaryEmbedding(4).backward(np.ones((2, 4))), RuntimeError, "before forward"),
+        (lambda: sinusoidal_encoding_at(np.ones((2, 2)), 4), ValueError, "positions must have 1"),
+        (lambda: sinusoidal_encoding_at([0.0, np.nan], 4), ValueError, "positions must be finite"),
+        (lambda: sinusoidal_encoding_at(["a"], 4), TypeError, "positions must be a real"),
+        (lambda: sinusoidal_encoding_at([1.0], 3), ValueError, "d_model must be even"),
+        (lambda: binary_encoding(9, 3), ValueError, "writes positions 0..7 only"),
+        (lambda: binary_encoding(4, 63), ValueError, "n_bits must be at most 62"),
+        (lambda: binary_encoding(4, 0), ValueError, "n_bits must be a positive"),
+        (lambda: binary_encoding(4, dtype=int), TypeError, "dtype must be"),
+        (lambda: fit_shift_matrix(np.ones(5), 1), ValueError, "table must have 2"),
+        (lambda: fit_shift_matrix(np.ones((5, 2)), 5), ValueError, "offset must be smaller"),
+        (lambda: fit_shift_matrix(np.ones((5, 2)), 0), ValueError, "offset must be a positive"),
+        (
+            lambda: distance_to_seen(np.ones((2, 3)), np.ones((2, 4))),
+            ValueError,
+            "last dimension 3",
+        ),
+        (lambda: distance_to_seen(np.ones((2, 3)), np.ones((0, 3))), ValueError, "at least one"),
     ],
 )
 def test_bad_input_is_named(call, error, words):
