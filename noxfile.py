@@ -62,19 +62,33 @@ def reference(session: nox.Session) -> None:
 
 
 def _make_figures(session: nox.Session) -> None:
-    """Delete every generated figure, then run each ``scripts/fig_*.py`` to make it again.
+    """Run every ``scripts/fig_*.py`` into a fresh folder, then make FIGURES match it.
 
     Starting from an empty folder means a figure that a page uses but no script
-    makes is missing, and the strict build fails on it.
+    makes is missing, and the strict build fails on it. Files whose bytes did not
+    change are left untouched, so Sphinx does not re-read the pages that show them.
     """
-    shutil.rmtree(FIGURES, ignore_errors=True)
-    FIGURES.mkdir(parents=True)
     scripts = sorted(SCRIPTS.glob("fig_*.py"))
     if not scripts:
         session.error(f"no figure scripts found in {SCRIPTS}")
+    fresh = BUILD / "figures-fresh"
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir(parents=True)
     for script in scripts:
-        session.run("python", str(script), "--out-dir", str(FIGURES), env=SCRIPT_ENV)
-    session.log(f"{len(scripts)} figure scripts wrote {len(list(FIGURES.iterdir()))} files")
+        session.run("python", str(script), "--out-dir", str(fresh), env=SCRIPT_ENV)
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    made = {path.name for path in fresh.iterdir()}
+    for old in FIGURES.iterdir():
+        if old.name not in made:
+            old.unlink()
+    changed = 0
+    for name in sorted(made):
+        new, target = fresh / name, FIGURES / name
+        if not target.is_file() or target.read_bytes() != new.read_bytes():
+            shutil.copyfile(new, target)
+            changed += 1
+    shutil.rmtree(fresh)
+    session.log(f"{len(scripts)} figure scripts made {len(made)} files ({changed} changed)")
 
 
 @nox.session
