@@ -1,14 +1,25 @@
 """tinyformer: every part of the transformer in NumPy, with exact backward passes.
 
 The library behind the book *Understanding Transformers*. Modules, from the
-bottom up:
+bottom up (each uses only those above it):
 
 - :mod:`tinyformer.functional`: softmax, log-softmax and activations with derivatives
+- :mod:`tinyformer.gradcheck`: finite-difference checks of hand-written gradients
 - :mod:`tinyformer.module`: :class:`~tinyformer.module.Parameter` and
   :class:`~tinyformer.module.Module`
+- :mod:`tinyformer.layers`, :mod:`tinyformer.norm`, :mod:`tinyformer.feedforward`:
+  linear and embedding layers, dropout, LayerNorm and RMSNorm, feed-forward networks
 - :mod:`tinyformer.positional`: sinusoidal, learned and rotary positions
 - :mod:`tinyformer.masks`: boolean attention masks (True where a query may attend)
 - :mod:`tinyformer.attention`: scaled dot-product attention and its backward pass
+- :mod:`tinyformer.multihead`, :mod:`tinyformer.efficient`: multi-head attention with a
+  key/value cache; linear and tiled (memory-efficient) attention
+- :mod:`tinyformer.blocks`: encoder and decoder blocks, post- or pre-norm
+- :mod:`tinyformer.losses`: cross-entropy with padding and label smoothing
+- :mod:`tinyformer.optim`, :mod:`tinyformer.schedules`: optimizers, clipping and
+  learning-rate schedules
+- :mod:`tinyformer.data`: tokenizers, toy sequence tasks and a synthetic language source
+- :mod:`tinyformer.analysis`: measurements the book makes of attention
 - :mod:`tinyformer.viz`: plotting helpers for the book's figures (needs matplotlib)
 """
 

@@ -169,7 +169,51 @@ def generator(rng: object, name: str = "rng") -> np.random.Generator:
     """Return ``rng`` if it is a :class:`numpy.random.Generator`, else raise."""
     if not isinstance(rng, np.random.Generator):
         raise TypeError(
-            f"{name} must be a numpy.random.Generator (e.g. np.random.default_rng(0)),"
+            f"{name} must be a numpy.random.Generator (np.random.default_rng(seed)),"
             f" got {describe(rng)}"
         )
     return rng
+
+
+def probability(p: object, name: str) -> float:
+    """Return ``p`` as a ``float`` if it is a number in ``[0, 1)`` (a dropout rate), else raise."""
+    return unit_interval(p, name)
+
+
+def one_of(value: object, options: Sequence[str], name: str) -> str:
+    """Return ``value`` if it is one of the strings ``options``, else raise."""
+    if not isinstance(value, str) or value not in options:
+        listed = ", ".join(repr(o) for o in options)
+        raise ValueError(f"{name} must be one of {listed}, got {value!r}")
+    return value
+
+
+def layer_input(
+    x: object,
+    name: str,
+    dtype: np.dtype,
+    *,
+    last_dim: int | None = None,
+    min_ndim: int = 1,
+) -> np.ndarray:
+    """Return ``x`` as a float array of a layer's ``dtype`` with the expected last dimension.
+
+    Unlike :func:`float_array`, integers are not promoted: a layer accepts
+    exactly the dtype of its parameters, so float32 stays float32 end to end.
+    """
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+        if x.dtype.kind in "biu":
+            x = x.astype(dtype)
+    if x.dtype.kind != "f":
+        raise TypeError(f"{name} must be a real floating-point array, got {describe(x)}")
+    if x.dtype != dtype:
+        raise TypeError(
+            f"{name} must have the layer's dtype {dtype}, got {x.dtype}"
+            " (convert it with .astype or build the layer with that dtype)"
+        )
+    if x.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {x.shape}")
+    if last_dim is not None and x.shape[-1] != last_dim:
+        raise ValueError(f"{name} must have last dimension {last_dim}, got shape {x.shape}")
+    return x

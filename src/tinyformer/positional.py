@@ -16,6 +16,7 @@ import numpy as np
 from tinyformer._validation import (
     float_array,
     float_dtype,
+    generator,
     non_negative_int,
     positive_float,
     positive_int,
@@ -261,8 +262,7 @@ class LearnedPositionalEmbedding(Module):
         dtype: object = np.float64,
     ):
         super().__init__()
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        rng = generator(rng)
         self.max_len = positive_int(max_len, "max_len")
         self.d_model = positive_int(d_model, "d_model")
         std = positive_float(init_std, "init_std")

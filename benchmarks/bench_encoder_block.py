@@ -1,0 +1,296 @@
+"""Time forward + backward of one encoder block: tinyformer (NumPy) against PyTorch eager on CPU.
+
+Both sides compute the same function: a post-norm encoder block with ReLU
+feed-forward and no dropout, with tinyformer's weights copied into a
+``torch.nn.TransformerEncoderLayer`` (the script checks that the outputs
+agree). One step is ``forward`` then ``backward`` of a fixed upstream gradient,
+including the gradient with respect to the input; parameter gradients
+accumulate on both sides, as they would between two ``zero_grad`` calls.
+
+BLAS settings must be fixed before NumPy and PyTorch load, so each setting
+(thread count, ``OPENBLAS_CORETYPE``) runs in a child process of its own. Both
+libraries get the same thread count in the same process; the two are timed in
+alternation, repeat after repeat, and the medians are reported. The ratio is
+tinyformer's median over PyTorch's: below 1 means NumPy is faster.
+
+Run ``python benchmarks/bench_encoder_block.py`` (``nox -s benchmarks``);
+``--quick`` takes fewer repeats, ``--threads 1`` skips the 2-thread runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tinyformer.blocks import EncoderBlock
+
+try:
+    from threadpoolctl import threadpool_info
+except ImportError:  # optional: without it the script asks OpenBLAS itself
+    threadpool_info = None
+
+SIZES = [
+    {"batch": 64, "seq_len": 16, "d_model": 64, "n_heads": 4, "d_ff": 256},
+    {"batch": 32, "seq_len": 128, "d_model": 256, "n_heads": 8, "d_ff": 1024},
+]
+DTYPES = ["float32", "float64"]
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+# ------------------------------------------------------------------ settings
+def _cpuinfo(field: str) -> str:
+    """The first value of ``field`` in /proc/cpuinfo (Linux), or an empty string."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith(field):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _openblas_library() -> ctypes.CDLL | None:
+    """NumPy's OpenBLAS, found among the loaded libraries (Linux), or None."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    paths = sorted({ln.split()[-1] for ln in maps if "openblas" in ln.lower() and "/" in ln})
+    return ctypes.CDLL(paths[0]) if paths else None
+
+
+def _openblas_call(lib: ctypes.CDLL | None, stem: str) -> str:
+    """Call ``openblas_<stem>`` under any of its exported spellings."""
+    if lib is None:
+        return "unknown"
+    for name in (f"scipy_openblas_{stem}64_", f"openblas_{stem}64_", f"openblas_{stem}"):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = ctypes.c_char_p if "thread" not in stem else ctypes.c_int
+            value = fn()
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return "unknown"
+
+
+def blas_settings() -> dict[str, str]:
+    """What this process runs on: NumPy's BLAS and its kernels, PyTorch's threads."""
+    info: dict[str, str] = {"numpy": np.__version__, "torch": torch.__version__}
+    if threadpool_info is not None:
+        for pool in threadpool_info():
+            key = f"threadpoolctl {pool.get('internal_api')} ({Path(pool['filepath']).name})"
+            info[key] = (
+                f"version {pool.get('version')}, threads {pool.get('num_threads')},"
+                f" architecture {pool.get('architecture')}"
+            )
+    else:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        lib = _openblas_library()
+        info["numpy BLAS (np.show_config)"] = f"{blas['name']} {blas['version']}"
+        info["OpenBLAS config"] = _openblas_call(lib, "get_config")
+        info["OpenBLAS kernels in use (core name)"] = _openblas_call(lib, "get_corename")
+        info["OpenBLAS threads"] = _openblas_call(lib, "get_num_threads")
+    info["torch.get_num_threads()"] = str(torch.get_num_threads())
+    info["torch CPU capability"] = torch.backends.cpu.get_cpu_capability()
+    for var in ("OPENBLAS_CORETYPE", *THREAD_VARIABLES):
+        info[var] = os.environ.get(var, "(unset)")
+    return info
+
+
+# -------------------------------------------------------------------- timing
+def _make_pair(size: dict[str, int], dtype_name: str):
+    """A tinyformer block and a PyTorch layer with the same weights, inputs and gradient."""
+    dtype = np.dtype(dtype_name)
+    rng = np.random.default_rng(0)
+    d, h, d_ff = size["d_model"], size["n_heads"], size["d_ff"]
+    ours = EncoderBlock(d, h, d_ff, rng=rng, dtype=dtype)
+    for p in ours.parameters():  # non-trivial biases and norms, so that the check means something
+        p.value[...] = p.value + 0.1 * rng.standard_normal(p.shape).astype(dtype)
+    theirs = torch.nn.TransformerEncoderLayer(
+        d,
+        h,
+        d_ff,
+        dropout=0.0,
+        activation="relu",
+        batch_first=True,
+        norm_first=False,
+        dtype=getattr(torch, dtype_name),
+    )
+    attention, ffn = ours.self_attention.layer, ours.feed_forward.layer
+    pairs = [
+        (theirs.self_attn.in_proj_weight, attention.w_qkv.value.T),
+        (theirs.self_attn.in_proj_bias, attention.b_qkv.value),
+        (theirs.self_attn.out_proj.weight, attention.w_out.value.T),
+        (theirs.self_attn.out_proj.bias, attention.b_out.value),
+        (theirs.linear1.weight, ffn.linear_in.weight.value.T),
+        (theirs.linear1.bias, ffn.linear_in.bias.value),
+        (theirs.linear2.weight, ffn.linear_out.weight.value.T),
+        (theirs.linear2.bias, ffn.linear_out.bias.value),
+        (theirs.norm1.weight, ours.self_attention.norm.gain.value),
+        (theirs.norm1.bias, ours.self_attention.norm.bias.value),
+        (theirs.norm2.weight, ours.feed_forward.norm.gain.value),
+        (theirs.norm2.bias, ours.feed_forward.norm.bias.value),
+    ]
+    with torch.no_grad():
+        for target, value in pairs:
+            target.copy_(torch.from_numpy(np.ascontiguousarray(value)))
+    theirs.train()
+    shape = (size["batch"], size["seq_len"], d)
+    x = rng.standard_normal(shape).astype(dtype)
+    grad = rng.standard_normal(shape).astype(dtype)
+    x_torch = torch.from_numpy(x.copy()).requires_grad_(True)
+    grad_torch = torch.from_numpy(grad.copy())
+
+    def step_ours() -> np.ndarray:
+        out = ours.forward(x)
+        ours.backward(grad)
+        return out
+
+    def step_theirs() -> np.ndarray:
+        out = theirs(x_torch)
+        out.backward(grad_torch)
+        return out.detach().numpy()
+
+    return step_ours, step_theirs
+
+
+def _time(step) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def run_child(repeats_small: int, repeats_large: int) -> None:
+    """Time every size and dtype in this process; print one JSON line each."""
+    threads = int(os.environ["OMP_NUM_THREADS"])
+    torch.set_num_threads(threads)
+    print(json.dumps({"settings": blas_settings()}), flush=True)
+    for size in SIZES:
+        large = size["seq_len"] * size["batch"] > 2048
+        for dtype_name in DTYPES:
+            step_ours, step_theirs = _make_pair(size, dtype_name)
+            difference = float(np.abs(step_ours() - step_theirs()).max())  # also a warm-up
+            step_ours(), step_theirs()
+            gc.collect()
+            times_ours, times_theirs = [], []
+            for r in range(repeats_large if large else repeats_small):
+                first, second = (
+                    (step_ours, step_theirs) if r % 2 == 0 else (step_theirs, step_ours)
+                )
+                t_first, t_second = _time(first), _time(second)
+                times_ours.append(t_first if r % 2 == 0 else t_second)
+                times_theirs.append(t_second if r % 2 == 0 else t_first)
+            row = {
+                "size": size,
+                "dtype": dtype_name,
+                "threads": threads,
+                "repeats": len(times_ours),
+                "ours_ms": 1e3 * float(np.median(times_ours)),
+                "torch_ms": 1e3 * float(np.median(times_theirs)),
+                "max_abs_difference": difference,
+            }
+            print(json.dumps(row), flush=True)
+
+
+# -------------------------------------------------------------------- parent
+def _run_setting(threads: int, coretype: str | None, args: argparse.Namespace) -> list[dict]:
+    env = dict(os.environ)
+    for var in THREAD_VARIABLES:
+        env[var] = str(threads)
+    env.pop("OPENBLAS_CORETYPE", None)
+    if coretype is not None:
+        env["OPENBLAS_CORETYPE"] = coretype
+    command = [sys.executable, __file__, "--child", "--repeats", str(args.repeats)]
+    command += ["--repeats-large", str(args.repeats_large)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        if done.returncode < 0:
+            reason = f"stopped by {signal.Signals(-done.returncode).name}"
+        else:
+            reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        print(f"\nSetting failed (threads={threads}, OPENBLAS_CORETYPE={coretype}): {reason}")
+        return []
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    settings = lines[0]["settings"]
+    print(f"\nSettings: threads={threads}, OPENBLAS_CORETYPE={coretype or '(unset: default)'}")
+    for key, value in settings.items():
+        print(f"  {key}: {value}")
+    return [dict(row, coretype=coretype or "default") for row in lines[1:]]
+
+
+def _print_table(rows: list[dict]) -> None:
+    header = (
+        f"{'size':<36} {'dtype':<8} {'threads':>7} {'OPENBLAS_CORETYPE':<18}"
+        f" {'tinyformer ms':>13} {'torch ms':>9} {'ratio':>6} {'max |diff|':>10}"
+    )
+    print("\n" + header)
+    print("-" * len(header))
+    for r in rows:
+        s = r["size"]
+        size = f"B={s['batch']} T={s['seq_len']} d={s['d_model']} h={s['n_heads']} ff={s['d_ff']}"
+        print(
+            f"{size:<36} {r['dtype']:<8} {r['threads']:>7} {r['coretype']:<18}"
+            f" {r['ours_ms']:>13.2f} {r['torch_ms']:>9.2f} {r['ours_ms'] / r['torch_ms']:>6.2f}"
+            f" {r['max_abs_difference']:>10.1e}"
+        )
+    print("ratio = tinyformer median / PyTorch median (below 1: NumPy is faster)")
+
+
+def main() -> None:
+    """Parse the options; run the children (parent) or the timings (child)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=41, help="repeats at the small size")
+    parser.add_argument("--repeats-large", type=int, default=9, help="repeats at the large size")
+    parser.add_argument("--quick", action="store_true", help="5 and 3 repeats")
+    parser.add_argument(
+        "--coretypes",
+        nargs="+",
+        help="OPENBLAS_CORETYPE values to run ('default' = unset); by default the"
+        " unset setting, plus SkylakeX where the CPU has AVX-512",
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.repeats_large = 5, 3
+    if args.child:
+        run_child(args.repeats, args.repeats_large)
+        return
+    flags = set(_cpuinfo("flags").split())
+    print("Encoder block forward + backward: tinyformer (NumPy) vs PyTorch eager, on CPU")
+    print(
+        f"CPU: {_cpuinfo('model name') or platform.machine()}, {os.cpu_count()} logical cores;"
+        f" AVX2: {'avx2' in flags}, AVX-512F: {'avx512f' in flags}"
+    )
+    coretypes: list[str | None] = [None]
+    if args.coretypes:
+        coretypes = [None if c == "default" else c for c in args.coretypes]
+    elif "avx512f" in flags:
+        coretypes.append("SkylakeX")
+    else:
+        print(
+            "OPENBLAS_CORETYPE=SkylakeX is not tried: this CPU has no AVX-512, and its"
+            " kernels would stop with an illegal instruction. OpenBLAS's own choice is used"
+            " (--coretypes default SkylakeX tries both anyway)."
+        )
+    rows = []
+    for threads in args.threads:
+        for coretype in coretypes:
+            rows += _run_setting(threads, coretype, args)
+    _print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

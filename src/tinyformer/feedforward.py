@@ -1,0 +1,128 @@
+"""The position-wise feed-forward network, plain or gated (the GLU family).
+
+The same two-layer network is applied to every position on its own: widen to
+``d_ff``, apply a nonlinearity, narrow back to ``d_model``. The gated variants
+of :cite:t:`shazeer2020glu` multiply the activated branch by a second, linear
+branch; with SiLU this is SwiGLU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tinyformer import functional
+from tinyformer._validation import float_dtype, generator, layer_input, one_of, positive_int
+from tinyformer.layers import Dropout, Linear
+from tinyformer.module import Module
+
+__all__ = ["ACTIVATIONS", "FeedForward"]
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+"""Names accepted by ``activation=``: ReLU, exact GELU, tanh-approximated GELU, SiLU."""
+
+_Fn = Callable[[np.ndarray], np.ndarray]
+_FUNCTIONS: dict[str, tuple[_Fn, _Fn]] = {
+    "relu": (functional.relu, functional.relu_grad),
+    "gelu": (functional.gelu, functional.gelu_grad),
+    "gelu_tanh": (lambda x: functional.gelu(x, "tanh"), lambda x: functional.gelu_grad(x, "tanh")),
+    "silu": (functional.silu, functional.silu_grad),
+}
+
+
+class FeedForward(Module):
+    r"""Position-wise feed-forward network of :cite:t:`vaswani2017attention`.
+
+    Plain (``gated=False``), with :math:`\phi` the activation:
+
+    .. math:: \operatorname{FFN}(x) = \phi(x W_1 + b_1)\, W_2 + b_2
+
+    Gated (``gated=True``), a GLU variant :cite:p:`shazeer2020glu`; with
+    ``activation="silu"`` this is SwiGLU:
+
+    .. math:: \operatorname{FFN}(x) = \bigl(\phi(x W_1 + b_1) \odot (x V + c)\bigr)\, W_2 + b_2
+
+    :math:`W_1` and :math:`V` are stored side by side as one
+    ``(d_model, 2 d_ff)`` matrix in ``linear_in``, so both branches come from a
+    single matrix product. The backward pass of the gate is the product rule:
+    with :math:`a = x W_1 + b_1`, :math:`u = x V + c` and :math:`G` the gradient
+    at the hidden layer, :math:`\partial L/\partial a = G \odot u \odot \phi'(a)`
+    and :math:`\partial L/\partial u = G \odot \phi(a)`.
+
+    Parameters
+    ----------
+    d_model, d_ff : int
+        Model width and hidden width.
+    rng : numpy.random.Generator
+        Initializes both linear layers and drives the dropout.
+    activation : str
+        The nonlinearity :math:`\phi`: ``"relu"``, ``"gelu"`` (exact), ``"gelu_tanh"``
+        (tanh approximation) or ``"silu"``.
+    gated : bool
+        Use the gated (GLU) form.
+    dropout : float
+        Dropout probability on the hidden layer (training mode only).
+    bias : bool
+        Whether the linear layers have biases (gated models often drop them).
+    dtype : float32 or float64
+        Dtype of parameters and accepted inputs.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        *,
+        rng: np.random.Generator,
+        activation: str = "relu",
+        gated: bool = False,
+        dropout: float = 0.0,
+        bias: bool = True,
+        dtype: object = np.float64,
+    ) -> None:
+        super().__init__()
+        self.d_model = positive_int(d_model, "d_model")
+        self.d_ff = positive_int(d_ff, "d_ff")
+        self.activation = one_of(activation, ACTIVATIONS, "activation")
+        self.gated = bool(gated)
+        self.dtype = float_dtype(dtype)
+        rng = generator(rng)
+        width = 2 * self.d_ff if self.gated else self.d_ff
+        self.linear_in = Linear(self.d_model, width, rng=rng, bias=bias, dtype=self.dtype)
+        self.linear_out = Linear(self.d_ff, self.d_model, rng=rng, bias=bias, dtype=self.dtype)
+        self.dropout = Dropout(dropout, rng=rng)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Apply the network to ``x`` of shape ``(..., d_model)``; same shape out."""
+        x = layer_input(x, "x", self.dtype, last_dim=self.d_model)
+        pre = self.linear_in.forward(x)  # (..., d_ff) or (..., 2 d_ff)
+        if self.gated:
+            a, u = pre[..., : self.d_ff], pre[..., self.d_ff :]
+            act = _FUNCTIONS[self.activation][0](a)  # (..., d_ff)
+            hidden = act * u
+            self._save(pre, act)
+        elif self.activation == "relu":
+            hidden = np.maximum(pre, 0, out=pre)  # in place: pre is ours
+            self._save(hidden, None)
+        else:
+            hidden = _FUNCTIONS[self.activation][0](pre)
+            self._save(pre, None)
+        return self.linear_out.forward(self.dropout.forward(hidden))  # (..., d_model)
+
+    def backward(self, grad_out: np.ndarray) -> np.ndarray:
+        """Return the gradient for ``x``; add into both linear layers' gradients."""
+        saved, act = self._saved()
+        grad_hidden = self.dropout.backward(self.linear_out.backward(grad_out))  # (..., d_ff)
+        derivative = _FUNCTIONS[self.activation][1]
+        if self.gated:
+            a, u = saved[..., : self.d_ff], saved[..., self.d_ff :]
+            grad_pre = np.empty_like(saved)  # (..., 2 d_ff)
+            np.multiply(grad_hidden * u, derivative(a), out=grad_pre[..., : self.d_ff])
+            np.multiply(grad_hidden, act, out=grad_pre[..., self.d_ff :])
+        elif self.activation == "relu":
+            grad_pre = grad_hidden  # a fresh array from linear_out: safe to change
+            np.multiply(grad_pre, saved > 0, out=grad_pre)  # ReLU passes gradient where x > 0
+        else:
+            grad_pre = grad_hidden * derivative(saved)
+        return self.linear_in.backward(grad_pre)

@@ -1,0 +1,147 @@
+"""Normalization over the feature axis: LayerNorm and RMSNorm.
+
+Both rescale each position's feature vector on its own (no statistics are
+shared across the batch or the sequence), then apply a learned per-feature
+gain. Their backward passes are written out in terms of the saved normalized
+input, so nothing but that and one number per row is kept.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tinyformer._validation import float_dtype, layer_input, positive_float, positive_int
+from tinyformer.layers import sum_rows
+from tinyformer.module import Module, Parameter
+
+__all__ = ["LayerNorm", "RMSNorm"]
+
+
+def _row_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise dot products of two ``(N, d)`` matrices, shape ``(N,)``."""
+    return np.einsum("ij,ij->i", a, b)
+
+
+def _column_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Column-wise dot products of two ``(N, d)`` matrices, shape ``(d,)``."""
+    return np.einsum("ij,ij->j", a, b)
+
+
+def _row_mean(x: np.ndarray) -> np.ndarray:
+    """Mean of each row of ``(N, d)``, shape ``(N,)``: a matrix-vector product, fast in BLAS."""
+    return x @ np.full(x.shape[1], 1.0 / x.shape[1], dtype=x.dtype)
+
+
+class LayerNorm(Module):
+    r"""Layer normalization :cite:p:`ba2016layer`.
+
+    For each feature vector :math:`x \in \mathbb{R}^d`,
+
+    .. math::
+        \mu = \frac1d \sum_i x_i, \quad
+        \sigma^2 = \frac1d \sum_i (x_i - \mu)^2, \quad
+        \hat x = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}}, \quad
+        y = \gamma \odot \hat x + \beta.
+
+    With :math:`g = \gamma \odot \partial L/\partial y` and
+    :math:`r = (\sigma^2 + \epsilon)^{-1/2}`, the input gradient is
+
+    .. math::
+        \frac{\partial L}{\partial x}
+        = r\,\Bigl(g - \overline{g} - \hat x\;\overline{g \odot \hat x}\Bigr),
+
+    where the bars are means over the :math:`d` features: the two subtracted
+    terms remove the components along the directions that the centring and
+    the rescaling take away.
+
+    Parameters
+    ----------
+    d_model : int
+        Size of the normalized (last) axis.
+    eps : float
+        Added to the variance, as in PyTorch (default ``1e-5``).
+    dtype : float32 or float64
+        Dtype of ``gain`` (ones) and ``bias`` (zeros) and of accepted inputs.
+    """
+
+    def __init__(self, d_model: int, *, eps: float = 1e-5, dtype: object = np.float64) -> None:
+        super().__init__()
+        self.d_model = positive_int(d_model, "d_model")
+        self.eps = positive_float(eps, "eps")
+        self.dtype = float_dtype(dtype)
+        self.gain = Parameter(np.ones(self.d_model, dtype=self.dtype))
+        self.bias = Parameter(np.zeros(self.d_model, dtype=self.dtype))
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Normalize ``x`` of shape ``(..., d_model)``; same shape out."""
+        x = layer_input(x, "x", self.dtype, last_dim=self.d_model)
+        rows = x.reshape(-1, self.d_model)  # (N, d)
+        x_hat = rows - _row_mean(rows)[:, None]
+        inv_std = (1.0 / np.sqrt(_row_dot(x_hat, x_hat) / self.d_model + self.eps))[:, None]
+        x_hat *= inv_std  # (N, d)
+        self._save(x.shape, x_hat, inv_std)
+        y = x_hat * self.gain.value
+        y += self.bias.value
+        return y.reshape(x.shape)
+
+    def backward(self, grad_out: np.ndarray) -> np.ndarray:
+        """Add into ``gain.grad`` and ``bias.grad``; return the gradient for ``x``."""
+        shape, x_hat, inv_std = self._saved()
+        grad = self._check_grad(grad_out, shape, self.dtype).reshape(-1, self.d_model)
+        self.gain.grad += _column_dot(grad, x_hat)
+        self.bias.grad += sum_rows(grad)
+        g = grad * self.gain.value  # (N, d)
+        projection = _row_dot(g, x_hat)[:, None] / self.d_model  # (N, 1)
+        g -= _row_mean(g)[:, None]
+        g -= x_hat * projection
+        g *= inv_std
+        return g.reshape(shape)
+
+
+class RMSNorm(Module):
+    r"""Root-mean-square normalization :cite:p:`zhang2019root`: LayerNorm without centring.
+
+    .. math::
+        r = \Bigl(\frac1d \sum_i x_i^2 + \epsilon\Bigr)^{-1/2}, \quad
+        \hat x = r\,x, \quad y = \gamma \odot \hat x,
+
+    .. math::
+        \frac{\partial L}{\partial x}
+        = r\,\bigl(g - \hat x\;\overline{g \odot \hat x}\bigr),
+        \qquad g = \gamma \odot \frac{\partial L}{\partial y}.
+
+    Parameters
+    ----------
+    d_model : int
+        Size of the normalized (last) axis.
+    eps : float
+        Added to the mean square (default ``1e-6``).
+    dtype : float32 or float64
+        Dtype of ``gain`` (ones) and of accepted inputs.
+    """
+
+    def __init__(self, d_model: int, *, eps: float = 1e-6, dtype: object = np.float64) -> None:
+        super().__init__()
+        self.d_model = positive_int(d_model, "d_model")
+        self.eps = positive_float(eps, "eps")
+        self.dtype = float_dtype(dtype)
+        self.gain = Parameter(np.ones(self.d_model, dtype=self.dtype))
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Normalize ``x`` of shape ``(..., d_model)``; same shape out."""
+        x = layer_input(x, "x", self.dtype, last_dim=self.d_model)
+        rows = x.reshape(-1, self.d_model)  # (N, d)
+        inv_rms = (1.0 / np.sqrt(_row_dot(rows, rows) / self.d_model + self.eps))[:, None]
+        x_hat = rows * inv_rms
+        self._save(x.shape, x_hat, inv_rms)
+        return (x_hat * self.gain.value).reshape(x.shape)
+
+    def backward(self, grad_out: np.ndarray) -> np.ndarray:
+        """Add into ``gain.grad``; return the gradient for ``x``."""
+        shape, x_hat, inv_rms = self._saved()
+        grad = self._check_grad(grad_out, shape, self.dtype).reshape(-1, self.d_model)
+        self.gain.grad += _column_dot(grad, x_hat)
+        g = grad * self.gain.value  # (N, d)
+        g -= x_hat * (_row_dot(g, x_hat)[:, None] / self.d_model)
+        g *= inv_rms
+        return g.reshape(shape)

@@ -1,0 +1,173 @@
+"""Linear attention and tiled (memory-efficient) attention: values, properties, gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyformer.attention import (
+    scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
+)
+from tinyformer.efficient import (
+    FEATURE_MAPS,
+    linear_attention,
+    linear_attention_backward,
+    tiled_attention,
+    tiled_attention_backward,
+)
+from tinyformer.gradcheck import max_relative_error, numerical_gradient
+from tinyformer.masks import causal_mask
+
+seeds = st.integers(0, 2**32 - 1)
+
+
+def _qkv(rng, batch=(2, 3), t_q=5, t_k=5, d_k=4, d_v=3, dtype=np.float64):
+    return (
+        rng.standard_normal((*batch, t_q, d_k)).astype(dtype),
+        rng.standard_normal((*batch, t_k, d_k)).astype(dtype),
+        rng.standard_normal((*batch, t_k, d_v)).astype(dtype),
+    )
+
+
+def _phi(x, feature_map):
+    return np.where(x > 0, x + 1, np.exp(x)) if feature_map == "elu+1" else np.maximum(x, 0)
+
+
+# ------------------------------------------------------------ linear attention
+@given(seeds, st.sampled_from(FEATURE_MAPS), st.booleans())
+def test_linear_attention_equals_the_quadratic_formula(seed, feature_map, causal):
+    rng = np.random.default_rng(seed)
+    q, k, v = _qkv(rng)
+    kernel = _phi(q, feature_map) @ np.swapaxes(_phi(k, feature_map), -1, -2)  # (..., T, T)
+    if causal:
+        kernel = kernel * np.tril(np.ones((5, 5)))
+    expected = (kernel @ v) / (kernel.sum(-1, keepdims=True) + 1e-6)
+    out = linear_attention(q, k, v, causal=causal, feature_map=feature_map)
+    np.testing.assert_allclose(out, expected, rtol=1e-10, atol=1e-12)
+
+
+@given(seeds, st.integers(0, 4))
+def test_causal_linear_attention_ignores_later_tokens(seed, t):
+    rng = np.random.default_rng(seed)
+    q, k, v = _qkv(rng)
+    k2, v2 = k.copy(), v.copy()
+    k2[..., t + 1 :, :] += 1.0
+    v2[..., t + 1 :, :] -= 2.0
+    a = linear_attention(q, k, v, causal=True)
+    b = linear_attention(q, k2, v2, causal=True)
+    np.testing.assert_allclose(a[..., : t + 1, :], b[..., : t + 1, :], atol=1e-12)
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_gradients(rng, feature_map, causal):
+    q, k, v = _qkv(rng, batch=(2, 2), t_q=4, t_k=4)
+    q, k = q + 0.05 * np.sign(q), k + 0.05 * np.sign(k)  # away from ReLU's kink at 0
+    g = rng.standard_normal((2, 2, 4, 3))
+    options = {"causal": causal, "feature_map": feature_map}
+    grads = linear_attention_backward(g, q, k, v, **options)
+
+    def loss():
+        return linear_attention(q, k, v, **options) * g
+
+    # The first causal query sees one key, so its output hardly depends on it: a
+    # step of 1e-3 (truncation error ~1e-12) keeps the rounding noise down.
+    for analytic, x in zip(grads, (q, k, v), strict=True):
+        assert max_relative_error(analytic, numerical_gradient(loss, x, eps=1e-3)) < 1e-6
+
+
+def test_linear_attention_gradients_with_broadcast_batch(rng):
+    q = rng.standard_normal((2, 3, 4, 2))
+    k = rng.standard_normal((1, 3, 6, 2))
+    v = rng.standard_normal((2, 1, 6, 3))
+    g = rng.standard_normal((2, 3, 4, 3))
+    grads = linear_attention_backward(g, q, k, v)
+    assert [x.shape for x in grads] == [q.shape, k.shape, v.shape]
+    for analytic, x in zip(grads, (q, k, v), strict=True):
+        numeric = numerical_gradient(lambda: linear_attention(q, k, v) * g, x)
+        assert max_relative_error(analytic, numeric) < 1e-6
+
+
+# ------------------------------------------------------------- tiled attention
+@given(
+    seeds,
+    st.integers(1, 6),
+    st.integers(1, 9),
+    st.integers(1, 10),
+    st.sampled_from(["none", "causal", "random", "keys"]),
+)
+def test_tiled_attention_equals_full_attention(seed, t_q, t_k, block_size, mask_kind):
+    rng = np.random.default_rng(seed)
+    q, k, v = _qkv(rng, batch=(2,), t_q=t_q, t_k=t_k)
+    mask = {
+        "none": None,
+        "causal": causal_mask(t_q, t_k) if t_k >= t_q else None,
+        "random": rng.random((2, t_q, t_k)) < 0.5,  # may mask a whole row
+        "keys": rng.random(t_k) < 0.7,  # a (T_k,) mask broadcast over queries
+    }[mask_kind]
+    out, lse = tiled_attention(q, k, v, mask, block_size=block_size)
+    expected, weights = scaled_dot_product_attention(q, k, v, mask)
+    np.testing.assert_allclose(out, expected, atol=1e-12)
+    scores = q @ np.swapaxes(k, -1, -2) / 2.0
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_allclose(lse, np.log(np.exp(scores).sum(-1)), atol=1e-12)
+    assert not np.isnan(out).any()
+    assert np.all(out[weights.sum(-1) == 0] == 0)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 64])
+@pytest.mark.parametrize("masked", [False, True])
+def test_tiled_attention_gradients(rng, block_size, masked):
+    q, k, v = _qkv(rng, batch=(2, 2), t_q=4, t_k=5)
+    mask = None
+    if masked:
+        mask = causal_mask(4, 5) & (rng.random((2, 1, 4, 5)) < 0.8)
+        mask[0, 0, 1] = False  # a query with no key at all
+    out, lse = tiled_attention(q, k, v, mask, block_size=block_size, scale=0.7)
+    g = rng.standard_normal(out.shape)
+    grads = tiled_attention_backward(g, q, k, v, out, lse, mask, block_size=block_size, scale=0.7)
+
+    def loss():
+        return tiled_attention(q, k, v, mask, block_size=block_size, scale=0.7)[0] * g
+
+    for analytic, x in zip(grads, (q, k, v), strict=True):
+        assert max_relative_error(analytic, numerical_gradient(loss, x)) < 1e-6
+
+
+@given(seeds, st.integers(1, 8))
+def test_tiled_backward_equals_full_backward(seed, block_size):
+    rng = np.random.default_rng(seed)
+    q, k, v = _qkv(rng, t_q=6, t_k=7)
+    mask = causal_mask(6, 7)
+    out, lse = tiled_attention(q, k, v, mask, block_size=block_size)
+    g = rng.standard_normal(out.shape)
+    _, weights = scaled_dot_product_attention(q, k, v, mask)
+    expected = scaled_dot_product_attention_backward(g, q, k, v, weights)
+    got = tiled_attention_backward(g, q, k, v, out, lse, mask, block_size=block_size)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+def test_tiled_attention_survives_huge_scores(rng):
+    q, k, v = _qkv(rng, batch=(1,), t_q=3, t_k=8)
+    out, _ = tiled_attention(q * 300, k * 300, v, block_size=3)
+    expected, _ = scaled_dot_product_attention(q * 300, k * 300, v)
+    np.testing.assert_allclose(out, expected, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_float32_in_float32_out(rng, dtype):
+    q, k, v = _qkv(rng, dtype=dtype)
+    out = linear_attention(q, k, v, causal=True)
+    assert out.dtype == dtype
+    assert all(g.dtype == dtype for g in linear_attention_backward(out, q, k, v, causal=True))
+    out, lse = tiled_attention(q, k, v, causal_mask(5), block_size=2)
+    assert out.dtype == dtype
+    assert lse.dtype == dtype
+    grads = tiled_attention_backward(out, q, k, v, out, lse, causal_mask(5), block_size=2)
+    assert all(g.dtype == dtype for g in grads)

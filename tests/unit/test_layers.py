@@ -1,0 +1,210 @@
+"""Linear, Embedding with its tied output projection, and Dropout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyformer.gradcheck import check_module_gradients, max_relative_error, numerical_gradient
+from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection, sum_rows
+
+
+def _randomize(module, rng):
+    """Give every parameter random values, so that zero biases hide nothing."""
+    for p in module.parameters():
+        p.value[...] = rng.standard_normal(p.shape)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_gradients_on_random_shapes(seed, bias):
+    rng = np.random.default_rng(seed)
+    d_in, d_out = rng.integers(1, 6, size=2)
+    batch = tuple(rng.integers(1, 4, size=rng.integers(0, 3)))
+    layer = Linear(int(d_in), int(d_out), rng=rng, bias=bias)
+    _randomize(layer, rng)
+    errors = check_module_gradients(layer, [rng.standard_normal((*batch, d_in))], rng=rng)
+    assert max(errors.values()) < 1e-6, errors
+
+
+def test_linear_computes_x_w_plus_b(rng):
+    layer = Linear(3, 2, rng=rng)
+    _randomize(layer, rng)
+    x = rng.standard_normal((4, 5, 3))
+    expected = np.einsum("btd,de->bte", x, layer.weight.value) + layer.bias.value
+    np.testing.assert_allclose(layer.forward(x), expected, rtol=1e-12)
+
+
+def test_linear_glorot_initialization_is_reproducible_and_bounded():
+    a = Linear(50, 30, rng=np.random.default_rng(3))
+    b = Linear(50, 30, rng=np.random.default_rng(3))
+    np.testing.assert_array_equal(a.weight.value, b.weight.value)
+    assert np.abs(a.weight.value).max() <= np.sqrt(6 / 80)
+    np.testing.assert_array_equal(a.bias.value, 0.0)
+
+
+def test_gradients_accumulate_over_two_backward_passes(rng):
+    layer = Linear(3, 2, rng=rng)
+    x, g = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+    layer.forward(x)
+    layer.backward(g)
+    once = layer.weight.grad.copy()
+    layer.forward(x)
+    layer.backward(g)
+    np.testing.assert_allclose(layer.weight.grad, 2 * once)
+
+
+def test_sum_rows_matches_sum(rng):
+    x = rng.standard_normal((7, 3))
+    np.testing.assert_allclose(sum_rows(x), x.sum(axis=0), rtol=1e-13)
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_embedding_looks_up_rows_and_scales(rng, scale):
+    emb = Embedding(10, 4, rng=rng, scale_by_sqrt_d=scale)
+    ids = np.array([[1, 7, 1], [0, 9, 3]])
+    out = emb.forward(ids)
+    assert out.shape == (2, 3, 4)
+    np.testing.assert_allclose(out, emb.weight.value[ids] * (2.0 if scale else 1.0))
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_embedding_gradient_adds_repeated_ids(rng, scale):
+    emb = Embedding(6, 3, rng=rng, scale_by_sqrt_d=scale)
+    ids = np.array([[2, 5, 2], [2, 0, 5]])
+    g = rng.standard_normal((2, 3, 3))
+
+    def loss():
+        return emb.forward(ids) * g
+
+    emb.forward(ids)
+    assert emb.backward(g) is None  # token ids have no gradient
+    numeric = numerical_gradient(loss, emb.weight.value)
+    assert max_relative_error(emb.weight.grad, numeric) < 1e-6
+    np.testing.assert_array_equal(emb.weight.grad[[1, 3, 4]], 0.0)
+
+
+def test_embedding_default_std_makes_scaled_vectors_unit_variance():
+    emb = Embedding(4000, 64, rng=np.random.default_rng(0), scale_by_sqrt_d=True)
+    out = emb.forward(np.arange(4000))
+    assert out.std() == pytest.approx(1.0, rel=0.02)
+
+
+def test_tied_projection_shares_the_parameter_and_sums_both_gradients(rng):
+    emb = Embedding(7, 4, rng=rng, scale_by_sqrt_d=True)
+    head = TiedOutputProjection(emb, bias=True)
+    _randomize(head, rng)
+    assert head.weight is emb.weight
+    ids = rng.integers(0, 7, size=(2, 5))
+    g = rng.standard_normal((2, 5, 7))
+
+    def loss():
+        return head.forward(emb.forward(ids)) * g
+
+    emb.zero_grad()
+    head.zero_grad()
+    head.forward(emb.forward(ids))
+    emb.backward(head.backward(g))
+    assert max_relative_error(emb.weight.grad, numerical_gradient(loss, emb.weight.value)) < 1e-6
+    assert max_relative_error(head.bias.grad, numerical_gradient(loss, head.bias.value)) < 1e-6
+
+
+def test_tied_projection_gradient_equals_sum_of_separate_uses(rng):
+    emb = Embedding(5, 3, rng=rng)
+    head = TiedOutputProjection(emb)
+    ids = rng.integers(0, 5, size=(2, 4))
+    g = rng.standard_normal((2, 4, 5))
+    x = emb.forward(ids)
+    head.forward(x)
+    grad_x = head.backward(g)
+    from_head = emb.weight.grad.copy()
+    emb.zero_grad()
+    emb.forward(ids)
+    emb.backward(grad_x)
+    from_embedding = emb.weight.grad.copy()
+    emb.zero_grad()
+    emb.forward(ids)
+    head.forward(x)
+    emb.backward(head.backward(g))
+    np.testing.assert_allclose(emb.weight.grad, from_head + from_embedding, rtol=1e-12)
+
+
+def test_tied_projection_gradient_for_its_input(rng):
+    emb = Embedding(6, 4, rng=rng)
+    errors = check_module_gradients(
+        TiedOutputProjection(emb), [rng.standard_normal((2, 3, 4))], rng=rng
+    )
+    assert max(errors.values()) < 1e-6, errors
+
+
+def test_dropout_gradient_with_a_fixed_mask(rng):
+    layer = Dropout(0.4, rng=np.random.default_rng(5))
+    state = layer.rng.bit_generator.state
+
+    def reset():
+        layer.rng.bit_generator.state = state
+
+    errors = check_module_gradients(
+        layer, [rng.standard_normal((3, 4, 5))], rng=rng, before_forward=reset
+    )
+    assert max(errors.values()) < 1e-6, errors
+
+
+def test_dropout_scales_kept_units_and_is_reproducible():
+    x = np.ones((200, 100))
+    a = Dropout(0.25, rng=np.random.default_rng(1)).forward(x)
+    b = Dropout(0.25, rng=np.random.default_rng(1)).forward(x)
+    np.testing.assert_array_equal(a, b)
+    assert set(np.unique(a)) == {0.0, 1 / 0.75}
+    assert (a == 0).mean() == pytest.approx(0.25, abs=0.01)
+    assert a.mean() == pytest.approx(1.0, abs=0.02)
+
+
+def test_dropout_is_identity_in_eval_mode_and_with_p_zero(rng):
+    x = rng.standard_normal((4, 5))
+    layer = Dropout(0.5, rng=rng).eval()
+    assert layer.forward(x) is x
+    np.testing.assert_array_equal(layer.backward(x), x)
+    assert Dropout(0.0, rng=rng).forward(x) is x
+
+
+@given(st.floats(0.0, 0.9), st.integers(0, 2**32 - 1))
+def test_dropout_backward_zeroes_exactly_the_dropped_units(p, seed):
+    layer = Dropout(p, rng=np.random.default_rng(seed))
+    x = np.ones((8, 8))
+    y = layer.forward(x)
+    g = layer.backward(np.ones((8, 8)))
+    np.testing.assert_array_equal(g == 0, y == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layers_keep_float32_float32(rng, dtype):
+    x = rng.standard_normal((2, 3, 4)).astype(dtype)
+    linear = Linear(4, 5, rng=rng, dtype=dtype)
+    y = linear.forward(x)
+    assert y.dtype == dtype
+    assert linear.backward(np.ones_like(y)).dtype == dtype
+    assert linear.weight.grad.dtype == dtype
+    emb = Embedding(9, 4, rng=rng, scale_by_sqrt_d=True, dtype=dtype)
+    e = emb.forward(np.array([[1, 2]]))
+    assert e.dtype == dtype
+    emb.backward(np.ones_like(e))
+    assert emb.weight.grad.dtype == dtype
+    head = TiedOutputProjection(emb)
+    z = head.forward(x)
+    assert z.dtype == dtype
+    assert head.backward(np.ones_like(z)).dtype == dtype
+    drop = Dropout(0.5, rng=rng)
+    assert drop.forward(x).dtype == dtype
+    assert drop.backward(x).dtype == dtype
+
+
+def test_parameters_are_listed_and_state_round_trips(rng):
+    emb = Embedding(5, 3, rng=rng)
+    head = TiedOutputProjection(emb, bias=True)
+    assert [n for n, _ in head.named_parameters()] == ["weight", "bias"]
+    other = TiedOutputProjection(Embedding(5, 3, rng=rng), bias=True)
+    other.load_state_dict(head.state_dict())
+    np.testing.assert_array_equal(other.weight.value, emb.weight.value)

@@ -1,0 +1,89 @@
+"""Cross-entropy from logits: value, gradient, padding, label smoothing, dtypes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyformer.gradcheck import max_relative_error, numerical_gradient
+from tinyformer.losses import cross_entropy
+
+
+def test_value_is_minus_mean_log_probability_of_the_target():
+    logits = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 0.5]])
+    targets = np.array([0, 2])
+    p0 = math.exp(2.0) / (math.exp(2.0) + 1.0 + math.exp(-1.0))
+    expected = -(math.log(p0) + math.log(1 / 3)) / 2
+    loss, _ = cross_entropy(logits, targets)
+    assert loss == pytest.approx(expected, rel=1e-14)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("ignore", [None, 0, -100])
+def test_gradient_matches_finite_differences(rng, smoothing, ignore):
+    logits = rng.standard_normal((2, 4, 5)) * 2
+    targets = rng.integers(0, 5, size=(2, 4))
+    if ignore is not None:
+        targets[0, :2] = ignore
+        targets[1, 3] = ignore
+    options = {"ignore_index": ignore, "label_smoothing": smoothing}
+    _, grad = cross_entropy(logits, targets, **options)
+    numeric = numerical_gradient(lambda: cross_entropy(logits, targets, **options)[0], logits)
+    assert max_relative_error(grad, numeric) < 1e-6
+    if ignore is not None:
+        np.testing.assert_array_equal(grad[targets == ignore], 0.0)
+
+
+def test_label_smoothing_matches_the_mixed_target_distribution(rng):
+    logits = rng.standard_normal((6, 4))
+    targets = rng.integers(0, 4, size=6)
+    eps = 0.2
+    q = np.full((6, 4), eps / 4)
+    q[np.arange(6), targets] += 1 - eps
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    loss, _ = cross_entropy(logits, targets, label_smoothing=eps)
+    assert loss == pytest.approx(-(q * log_p).sum(-1).mean(), rel=1e-13)
+
+
+def test_ignored_positions_change_nothing(rng):
+    logits = rng.standard_normal((3, 5))
+    targets = np.array([1, -1, 4])
+    loss, grad = cross_entropy(logits, targets, ignore_index=-1)
+    kept, kept_grad = cross_entropy(logits[[0, 2]], targets[[0, 2]])
+    assert loss == pytest.approx(kept, rel=1e-14)
+    np.testing.assert_allclose(grad[[0, 2]], kept_grad)
+
+
+def test_all_ignored_gives_zero_loss_and_zero_gradient_not_nan(rng):
+    logits = rng.standard_normal((2, 3, 4))
+    loss, grad = cross_entropy(logits, np.zeros((2, 3), int), ignore_index=0)
+    assert loss == 0.0
+    assert grad.shape == logits.shape
+    np.testing.assert_array_equal(grad, 0.0)
+
+
+@given(st.integers(0, 2**32 - 1), st.floats(0.0, 1.0))
+def test_gradient_rows_sum_to_zero_and_loss_is_non_negative(seed, smoothing):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((4, 6)) * 5
+    loss, grad = cross_entropy(logits, rng.integers(0, 6, size=4), label_smoothing=smoothing)
+    assert loss >= 0.0
+    np.testing.assert_allclose(grad.sum(-1), 0.0, atol=1e-15)
+
+
+def test_huge_logits_stay_finite():
+    loss, grad = cross_entropy(np.array([[1e4, 0.0, -1e4]]), np.array([2]))
+    assert loss == pytest.approx(2e4)
+    assert np.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_float32_in_float32_out(rng, dtype):
+    logits = rng.standard_normal((3, 7)).astype(dtype)
+    loss, grad = cross_entropy(logits, np.array([0, 6, 2]), label_smoothing=0.1)
+    assert isinstance(loss, float)
+    assert grad.dtype == dtype
