@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from tinyformer.viz import heatmap, new_figure, save_figure  # noqa: E402
+from tinyformer.viz import heatmap, new_figure, save_figure
 
 
 def _draw(path, matrix):
