@@ -51,6 +51,7 @@ nitpick_ignore_regex = [
     (r"py:class", r"numpy.ndarray of (int|bool)"),
     (r"py:class", r"tuple of numpy.ndarray"),
     (r"py:class", r"(sequence|mapping|callable|iterable|list|dict|tuple)( of .*)?"),
+    (r"py:class", r"path-like|str to .*"),
 ]
 
 # -- MyST and notebook execution ----------------------------------------------

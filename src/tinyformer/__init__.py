@@ -19,6 +19,12 @@ bottom up (each uses only those above it):
 - :mod:`tinyformer.optim`, :mod:`tinyformer.schedules`: optimizers, clipping and
   learning-rate schedules
 - :mod:`tinyformer.data`: tokenizers, toy sequence tasks and a synthetic language source
+- :mod:`tinyformer.models`: the encoder-decoder transformer and the decoder-only language
+  model, with closed-form parameter counts
+- :mod:`tinyformer.training`, :mod:`tinyformer.checkpoint`: the training loop, its history,
+  and checkpoints that resume exactly
+- :mod:`tinyformer.generation`: greedy, beam search, sampling and speculative decoding
+- :mod:`tinyformer.experiments`: the book's training runs, deterministic from a seed
 - :mod:`tinyformer.analysis`: measurements the book makes of attention
 - :mod:`tinyformer.viz`: plotting helpers for the book's figures (needs matplotlib)
 """

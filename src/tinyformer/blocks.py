@@ -170,6 +170,20 @@ class DecoderCache:
         self.self_attention.reset()
         self.cross_attention.reset()
 
+    def truncate(self, length: int) -> None:
+        """Forget decoded positions ``length`` and later; the cross-attention cache stays."""
+        self.self_attention.truncate(length)
+
+    def select(self, indices: np.ndarray) -> DecoderCache:
+        """A new cache whose sequence ``i`` is a copy of sequence ``indices[i]`` of this one."""
+        return DecoderCache(
+            self.self_attention.select(indices), self.cross_attention.select(indices)
+        )
+
+    def copy(self) -> DecoderCache:
+        """An independent copy of both caches."""
+        return DecoderCache(self.self_attention.copy(), self.cross_attention.copy())
+
 
 class DecoderBlock(Module):
     r"""Masked self-attention, cross-attention to the encoder memory, then a feed-forward network.

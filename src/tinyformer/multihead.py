@@ -20,6 +20,7 @@ from tinyformer._validation import (
     float_dtype,
     generator,
     layer_input,
+    non_negative_int,
     positive_float,
     positive_int,
 )
@@ -72,6 +73,45 @@ class KVCache:
         self._keys = self._values = None
         self._length = 0
 
+    def truncate(self, length: int) -> None:
+        """Forget the cached positions ``length`` and later (storage is kept for reuse).
+
+        Used to take back positions that were proposed but not accepted, as in
+        speculative decoding; ``truncate(len(self))`` changes nothing.
+        """
+        length = non_negative_int(length, "length")
+        if length > self._length:
+            raise ValueError(
+                f"length must be at most the number of cached positions {self._length},"
+                f" got {length}"
+            )
+        self._length = length
+
+    def select(self, indices: np.ndarray) -> KVCache:
+        """A new cache whose sequence ``i`` is a copy of this cache's sequence ``indices[i]``.
+
+        ``indices`` is a non-empty 1-D integer array; repeats are allowed (one
+        sequence may continue as several beams). The copy owns its arrays, so
+        appending to it leaves this cache unchanged.
+        """
+        new = KVCache()
+        new._length = self._length
+        if self._keys is None or self._values is None:
+            _row_indices(indices, None)
+            return new
+        rows = _row_indices(indices, self._keys.shape[0])
+        new._keys = self._keys[rows]  # (len(rows), h, capacity, d_k), a copy
+        new._values = self._values[rows]
+        return new
+
+    def copy(self) -> KVCache:
+        """An independent copy: appending to either leaves the other unchanged."""
+        new = KVCache()
+        new._length = self._length
+        if self._keys is not None and self._values is not None:
+            new._keys, new._values = self._keys.copy(), self._values.copy()
+        return new
+
     def append(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Add ``keys`` ``(B, h, T, d_k)`` and ``values`` ``(B, h, T, d_v)``; return all of them."""
         if keys.ndim != 4 or values.shape[:3] != keys.shape[:3]:
@@ -112,6 +152,19 @@ class KVCache:
         bigger = np.empty((b, h, max(needed, 2 * capacity), d), dtype=buffer.dtype)
         bigger[..., : self._length, :] = buffer[..., : self._length, :]
         return bigger
+
+
+def _row_indices(indices: object, n_rows: int | None) -> np.ndarray:
+    """Check ``indices``: a non-empty 1-D integer array of rows in ``[0, n_rows)``."""
+    rows = np.asarray(indices)
+    if rows.dtype.kind not in "iu":
+        raise TypeError(f"indices must be an integer array of rows, got {describe(rows)}")
+    if rows.ndim != 1 or rows.size == 0:
+        raise ValueError(f"indices must be a non-empty 1-D array of rows, got shape {rows.shape}")
+    if n_rows is not None and (rows.min() < 0 or rows.max() >= n_rows):
+        bad = rows.min() if rows.min() < 0 else rows.max()
+        raise ValueError(f"indices must be rows in [0, {n_rows}), got {bad}")
+    return rows
 
 
 def _split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:

@@ -118,9 +118,43 @@ def test_activation_derivatives_match_finite_differences(rng, fn, grad):
 
 
 def test_gelu_exact_matches_the_normal_cdf():
-    xs = np.linspace(-6, 6, 121)
-    expected = [v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in xs]
-    np.testing.assert_allclose(F.gelu(xs), expected, rtol=1e-15, atol=1e-300)
+    # x * Phi(x) with Phi from math.erfc, which keeps its relative accuracy in the far
+    # left tail; GELU forms Phi as (1 + erf) / 2 (as PyTorch does), so there it is
+    # accurate in absolute terms (a few 1e-16 of |x|), everywhere else to rounding.
+    xs = np.concatenate([np.linspace(-9, 9, 1801), [0.0, -0.0, 1e-300, -1e-8, 40.0, -40.0]])
+    expected = np.array([v * 0.5 * math.erfc(-v / math.sqrt(2)) for v in xs])
+    got = F.gelu(xs)
+    assert np.all(np.abs(got - expected) <= 5e-16 * np.maximum(1.0, np.abs(xs)))
+    central = xs >= -2
+    np.testing.assert_allclose(got[central], expected[central], rtol=2e-15, atol=1e-300)
+
+
+def test_private_erf_is_accurate_everywhere():
+    _erf = F._erf  # the vectorized error function behind the exact GELU
+    xs = np.concatenate([np.linspace(-7, 7, 140_001), [0.0, 1e-300, 1e-8, 5.99, 6.01, 30.0]])
+    xs = np.concatenate([xs, -xs])
+    expected = np.array([math.erf(v) for v in xs])
+    np.testing.assert_allclose(_erf(xs), expected, rtol=4e-16, atol=1e-300)
+    special = _erf(np.array([np.inf, -np.inf, np.nan, -0.0]))
+    np.testing.assert_array_equal(special[:2], [1.0, -1.0])
+    assert np.isnan(special[2])
+    assert special[3] == 0.0
+    assert np.signbit(special[3])
+    assert _erf(np.zeros((3, 0, 2))).shape == (3, 0, 2)
+    single = _erf(xs.astype(np.float32))
+    assert single.dtype == np.float32
+    np.testing.assert_allclose(single, expected, rtol=0, atol=3e-7)
+    assert _erf(np.array([0.5], dtype=np.float16)).dtype == np.float16
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_exact_gelu_keeps_dtype_and_accuracy(dtype):
+    xs = np.linspace(-9, 9, 3601)
+    for forward in (F.gelu, F.gelu_grad):
+        got = forward(xs.astype(dtype))
+        assert got.dtype == dtype
+        tolerance = 1e-6 if dtype == np.float32 else 1e-15
+        np.testing.assert_allclose(got, forward(xs), rtol=0, atol=tolerance * 9)
 
 
 def test_gelu_tanh_is_close_to_exact():

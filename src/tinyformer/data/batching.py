@@ -221,7 +221,7 @@ class PairDataset:
         return self.sources[i], self.targets[i]
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
-        """The pairs at ``indices`` as one padded :class:`Batch`."""
+        """The pairs at ``indices`` as one padded :class:`~tinyformer.data.batching.Batch`."""
         idx = np.asarray(indices)
         if idx.dtype.kind not in "iu" or idx.ndim != 1 or idx.size == 0:
             raise ValueError(f"indices must be a non-empty 1-D integer array, got {describe(idx)}")

@@ -13,7 +13,7 @@ the special tokens, the same in every vocabulary of the book:
 ====  =========  ==================================================
 
 The symbols of the base alphabet follow, in order, and then (for
-:class:`BPETokenizer`) the merged tokens in the order they were learned.
+:class:`~tinyformer.data.tokenizers.BPETokenizer`) the merged tokens in the order they were learned.
 """
 
 from __future__ import annotations

@@ -1,0 +1,183 @@
+"""Time greedy generation with and without the key/value cache for a decoder-only model.
+
+With the cache (``use_cache=True``) the prompt is fed once and every later step
+feeds one token, attending to the cached keys and values: step ``t`` costs
+:math:`O(t)` attention and :math:`O(1)` everything else. Without it
+(``use_cache=False``) every step runs the model over the whole prefix again, so
+generating :math:`n` tokens costs :math:`O(n^2)` projections and feed-forward
+work and :math:`O(n^3)` attention. Both give the same tokens; the script checks
+that they do, and how far apart their log-probabilities are.
+
+BLAS threads must be fixed before NumPy loads, so each thread count runs in a
+child process of its own. Cached and uncached runs alternate, repeat after
+repeat, and the medians are reported; the speed-up is the uncached median over
+the cached one.
+
+Run ``python benchmarks/bench_kv_cache.py``; ``--quick`` takes fewer repeats,
+``--threads 1 2`` also times two BLAS threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tinyformer.generation import greedy
+from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
+
+MODEL = {
+    "vocab_size": 256,
+    "d_model": 128,
+    "n_heads": 4,
+    "d_ff": 512,
+    "n_layers": 4,
+    "context_length": 512,
+}
+PROMPT_LENGTH = 16
+NEW_TOKENS = [64, 128, 256]
+BATCHES = [1, 8]
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+try:
+    from threadpoolctl import threadpool_info
+except ImportError:  # optional: without it the script reports NumPy's build configuration
+    threadpool_info = None
+
+
+def settings() -> dict[str, str]:
+    """Versions, BLAS and thread settings of this process."""
+    info = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+    }
+    if threadpool_info is not None:
+        for pool in threadpool_info():
+            info[f"BLAS ({Path(pool['filepath']).name})"] = (
+                f"{pool.get('internal_api')} {pool.get('version')}, threads"
+                f" {pool.get('num_threads')}, architecture {pool.get('architecture')}"
+            )
+    else:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        info["BLAS (np.show_config)"] = f"{blas['name']} {blas['version']}"
+    for var in ("OPENBLAS_CORETYPE", *THREAD_VARIABLES):
+        info[var] = os.environ.get(var, "(unset)")
+    return info
+
+
+def _timed(run) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = run()
+    return time.perf_counter() - start, result
+
+
+def run_child(repeats: int, dtype: str) -> None:
+    """Time every batch size and length in this process; print one JSON line each."""
+    print(json.dumps({"settings": settings()}), flush=True)
+    config = DecoderOnlyConfig(**MODEL, dtype=dtype)
+    model = DecoderOnlyLM(config, rng=np.random.default_rng(0))
+    model.eval()
+    for batch in BATCHES:
+        prompt = np.random.default_rng(1).integers(4, MODEL["vocab_size"], (batch, PROMPT_LENGTH))
+        for new_tokens in NEW_TOKENS:
+
+            def generate(use_cache: bool, n: int = new_tokens, prompt: np.ndarray = prompt):
+                return greedy(model, prompt, max_new_tokens=n, eos_id=None, use_cache=use_cache)
+
+            cached, uncached = generate(True), generate(False)  # warm-up, and the check
+            same = all(
+                np.array_equal(a, b) for a, b in zip(cached.tokens, uncached.tokens, strict=True)
+            )
+            gap = max(
+                float(np.abs(a - b).max())
+                for a, b in zip(cached.token_log_probs, uncached.token_log_probs, strict=True)
+            )
+            times: dict[bool, list[float]] = {True: [], False: []}
+            for r in range(repeats):
+                for flag in (True, False) if r % 2 == 0 else (False, True):
+                    gc.collect()
+                    seconds, _ = _timed(lambda flag=flag: generate(flag))
+                    times[flag].append(seconds)
+            row = {
+                "batch": batch,
+                "new_tokens": new_tokens,
+                "threads": int(os.environ["OMP_NUM_THREADS"]),
+                "repeats": repeats,
+                "cached_ms": 1e3 * float(np.median(times[True])),
+                "uncached_ms": 1e3 * float(np.median(times[False])),
+                "same_tokens": same,
+                "max_log_prob_gap": gap,
+            }
+            print(json.dumps(row), flush=True)
+
+
+def _run_setting(threads: int, args: argparse.Namespace) -> list[dict]:
+    env = dict(os.environ)
+    for var in THREAD_VARIABLES:
+        env[var] = str(threads)
+    command = [sys.executable, __file__, "--child", "--repeats", str(args.repeats)]
+    command += ["--dtype", args.dtype]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        print(f"\nSetting failed (threads={threads}): {reason}")
+        return []
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    print(f"\nSettings: threads={threads}")
+    for key, value in lines[0]["settings"].items():
+        print(f"  {key}: {value}")
+    return lines[1:]
+
+
+def _print_table(rows: list[dict]) -> None:
+    header = (
+        f"{'batch':>5} {'new tokens':>10} {'threads':>7} {'repeats':>7} {'cached ms':>10}"
+        f" {'uncached ms':>11} {'speed-up':>8} {'same tokens':>11} {'max |Δ log p|':>13}"
+    )
+    print("\n" + header)
+    print("-" * len(header))
+    for r in rows:
+        print(
+            f"{r['batch']:>5} {r['new_tokens']:>10} {r['threads']:>7} {r['repeats']:>7}"
+            f" {r['cached_ms']:>10.1f} {r['uncached_ms']:>11.1f}"
+            f" {r['uncached_ms'] / r['cached_ms']:>7.1f}x {r['same_tokens']!s:>11}"
+            f" {r['max_log_prob_gap']:>13.1e}"
+        )
+    print("speed-up = uncached median / cached median (medians over the repeats)")
+
+
+def main() -> None:
+    """Parse the options; run the children (parent) or the timings (child)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float64")
+    parser.add_argument("--quick", action="store_true", help="3 repeats")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats = 3
+    if args.child:
+        run_child(args.repeats, args.dtype)
+        return
+    print("Greedy generation with and without the KV cache: tinyformer DecoderOnlyLM (NumPy)")
+    model = ", ".join(f"{k}={v}" for k, v in MODEL.items())
+    print(f"Model: {model}, dtype={args.dtype}; prompt of {PROMPT_LENGTH} tokens, no EOS stop")
+    print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores")
+    rows = []
+    for threads in args.threads:
+        rows += _run_setting(threads, args)
+    _print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

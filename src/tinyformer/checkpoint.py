@@ -1,0 +1,490 @@
+"""Checkpoints: everything needed to stop a training run and resume it bit for bit.
+
+A checkpoint is one ``.npz`` file (NumPy's zip of arrays, read back with
+``allow_pickle=False``) holding
+
+- the model's parameters (``model/<name>``) and its configuration
+  (``config.to_dict()``, when the model has a ``config``);
+- the optimizer's state: buffers as arrays (``optimizer/<key>``), and its
+  step count, hyperparameters and constant learning rate in the metadata;
+- the training step, the :class:`~tinyformer.training.history.History` so far, any
+  extra arrays and values of the caller (``extra/<name>``);
+- the bit-generator state of every :class:`numpy.random.Generator` involved:
+  those the caller names (e.g. the one that shuffles the data) and those the
+  model holds for dropout, found by :func:`model_generators`;
+
+plus a JSON metadata entry with a format name and version and the SHA-256 of
+the array payload. The file is written to a temporary file beside the target
+and moved into place with ``os.replace``, so a crash leaves either the old
+file or the new one, never half of one.
+
+Loading checks everything first (that the file is a readable zip, the format
+and version, the checksum, that the configuration, parameter names, shapes and
+dtypes match the model, the optimizer state, the generator states) and only
+then assigns anything: a bad checkpoint raises :class:`ValueError` naming the
+file and the problem, and leaves the model, optimizer and generators as they were.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tinyformer._validation import describe, non_negative_int
+from tinyformer.module import Module
+from tinyformer.optim import Optimizer
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "Checkpoint",
+    "load_checkpoint",
+    "model_generators",
+    "read_checkpoint",
+    "save_checkpoint",
+]
+
+FORMAT = "tinyformer-checkpoint"
+VERSION = 1
+_METADATA = "__metadata__"
+_GROUPS = ("model", "optimizer", "extra")
+
+
+def model_generators(model: Module) -> list[np.random.Generator]:
+    """The distinct random generators the model's layers hold as ``.rng`` (dropout), in module order.
+
+    Several layers usually share one generator; each appears once (compared by
+    identity), at its first use in :meth:`~tinyformer.module.Module.modules`.
+    """
+    if not isinstance(model, Module):
+        raise TypeError(f"model must be a tinyformer Module, got {describe(model)}")
+    found: list[np.random.Generator] = []
+    seen: set[int] = set()
+    for module in model.modules():
+        rng = getattr(module, "rng", None)
+        if isinstance(rng, np.random.Generator) and id(rng) not in seen:
+            seen.add(id(rng))
+            found.append(rng)
+    return found
+
+
+def _all_generators(
+    model: Module, generators: Mapping[str, np.random.Generator] | None
+) -> dict[str, np.random.Generator]:
+    """The caller's named generators and the model's, as ``model.<i>``."""
+    named = dict(generators or {})
+    for name, gen in named.items():
+        if not isinstance(name, str) or name.startswith("model."):
+            raise ValueError(
+                f"generator names must be strings not starting 'model.', got {name!r}"
+            )
+        if not isinstance(gen, np.random.Generator):
+            raise TypeError(f"generators[{name!r}] must be a numpy Generator, got {describe(gen)}")
+    named.update({f"model.{i}": g for i, g in enumerate(model_generators(model))})
+    return named
+
+
+# ------------------------------------------------------------------ JSON helpers
+def _to_json(value: Any) -> Any:
+    """Bit-generator states and optimizer settings as JSON values (arrays tagged with their dtype)."""
+    if isinstance(value, np.ndarray):
+        return {"__array__": value.tolist(), "dtype": value.dtype.str}
+    if isinstance(value, Mapping):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_json(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    """Undo :func:`_to_json`."""
+    if isinstance(value, dict):
+        if set(value) == {"__array__", "dtype"}:
+            return np.array(value["__array__"], dtype=np.dtype(value["dtype"]))
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+def _digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 over every array's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _config_dict(model: Module) -> dict[str, Any] | None:
+    """``model.config.to_dict()`` normalized through JSON, or None for a model without config."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return None
+    return json.loads(json.dumps(config.to_dict()))
+
+
+# ------------------------------------------------------------------------- save
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    model: Module,
+    optimizer: Optimizer | None = None,
+    *,
+    step: int = 0,
+    history: Any = None,
+    generators: Mapping[str, np.random.Generator] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    extra_arrays: Mapping[str, np.ndarray] | None = None,
+) -> Path:
+    """Write a checkpoint to ``path`` atomically.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file to write (conventionally ``*.npz``; no suffix is added). Its
+        folder must exist. An existing file is replaced only once the new one
+        is complete.
+    model : Module
+    optimizer : Optimizer, optional
+    step : int
+        The training step reached.
+    history : History, optional
+        Anything with ``to_dict()`` returning JSON-able data.
+    generators : dict of str to numpy.random.Generator, optional
+        Named generators whose states to save besides the model's own.
+    extra : dict, optional
+        JSON-able values of the caller (e.g. a data stream's position).
+    extra_arrays : dict of str to numpy.ndarray, optional
+        Arrays of the caller (numeric, not object arrays).
+
+    Returns
+    -------
+    pathlib.Path
+        The path written.
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a str or path-like, got {describe(path)}")
+    path = Path(path)
+    if not isinstance(model, Module):
+        raise TypeError(f"model must be a tinyformer Module, got {describe(model)}")
+    if optimizer is not None and not isinstance(optimizer, Optimizer):
+        raise TypeError(
+            f"optimizer must be a tinyformer Optimizer or None, got {describe(optimizer)}"
+        )
+    step = non_negative_int(step, "step")
+    named = _all_generators(model, generators)
+
+    arrays = {f"model/{name}": value for name, value in model.state_dict().items()}
+    optimizer_scalars = None
+    if optimizer is not None:
+        optimizer_scalars = {}
+        for key, value in optimizer.state_dict().items():
+            if isinstance(value, np.ndarray):
+                arrays[f"optimizer/{key}"] = value
+            else:
+                optimizer_scalars[key] = _to_json(value)
+    for name, given in (extra_arrays or {}).items():
+        value = np.asarray(given)
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"extra_arrays[{name!r}] must be numeric, got {describe(value)}")
+        arrays[f"extra/{name}"] = value
+
+    metadata = {
+        "format": FORMAT,
+        "version": VERSION,
+        "sha256": _digest(arrays),
+        "model": {"class": type(model).__name__, "config": _config_dict(model)},
+        "optimizer": optimizer_scalars,
+        "step": step,
+        "history": None if history is None else history.to_dict(),
+        "generators": {name: _to_json(g.bit_generator.state) for name, g in named.items()},
+        "extra": _to_json(dict(extra or {})),
+    }
+    blob = np.frombuffer(json.dumps(metadata).encode("utf-8"), dtype=np.uint8)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            np.savez(file, **{_METADATA: blob}, **arrays)
+            file.flush()
+            os.fsync(file.fileno())
+        Path(temp).replace(path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ------------------------------------------------------------------------- load
+@dataclass
+class Checkpoint:
+    """A checkpoint read from disk and checked as a file, not yet applied to anything.
+
+    Made by :func:`read_checkpoint`. :meth:`check` says whether it fits a
+    model and optimizer; :meth:`restore` checks, then assigns.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+    metadata : dict
+        The decoded JSON metadata.
+    arrays : dict of str to numpy.ndarray
+        Every array, keyed ``model/...``, ``optimizer/...``, ``extra/...``.
+    """
+
+    path: Path
+    metadata: dict[str, Any]
+    arrays: dict[str, np.ndarray] = field(repr=False)
+
+    @property
+    def step(self) -> int:
+        """The training step saved."""
+        return int(self.metadata["step"])
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """The model configuration saved (``config.to_dict()``), or None."""
+        return self.metadata["model"]["config"]
+
+    @property
+    def history(self) -> dict[str, Any] | None:
+        """The saved history as a plain dict (rebuild it with ``History.from_dict``)."""
+        return self.metadata["history"]
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The caller's extra values."""
+        return _from_json(self.metadata["extra"])
+
+    def group(self, prefix: str) -> dict[str, np.ndarray]:
+        """The arrays of one group (``"model"``, ``"optimizer"`` or ``"extra"``), without the prefix."""
+        start = f"{prefix}/"
+        return {k[len(start) :]: v for k, v in self.arrays.items() if k.startswith(start)}
+
+    def _fail(self, problem: str) -> ValueError:
+        return ValueError(f"checkpoint {self.path}: {problem}")
+
+    # ------------------------------------------------------------------ check
+    def check(
+        self,
+        model: Module,
+        optimizer: Optimizer | None = None,
+        *,
+        generators: Mapping[str, np.random.Generator] | None = None,
+    ) -> None:
+        """Raise ValueError unless this checkpoint can be loaded into these objects; change nothing."""
+        if not isinstance(model, Module):
+            raise TypeError(f"model must be a tinyformer Module, got {describe(model)}")
+        self._check_model(model)
+        if optimizer is not None:
+            self._optimizer_trial(optimizer)
+        self._generator_states(model, generators)
+
+    def _check_model(self, model: Module) -> None:
+        saved_class = self.metadata["model"]["class"]
+        if saved_class != type(model).__name__:
+            raise self._fail(f"it holds a {saved_class}, not a {type(model).__name__}")
+        expected = _config_dict(model)
+        if expected != self.config:
+            if expected is None or self.config is None:
+                raise self._fail("one of the model and the checkpoint has a config, the other not")
+            differ = sorted(
+                k
+                for k in expected.keys() | self.config.keys()
+                if expected.get(k) != self.config.get(k)
+            )
+            details = ", ".join(
+                f"{k}: saved {self.config.get(k)!r}, model {expected.get(k)!r}" for k in differ
+            )
+            raise self._fail(f"its config does not match the model's ({details})")
+        saved = self.group("model")
+        params = dict(model.named_parameters())
+        missing, extra = sorted(params.keys() - saved.keys()), sorted(saved.keys() - params.keys())
+        if missing or extra:
+            raise self._fail(
+                f"parameters do not match the model: missing {missing}, extra {extra}"
+            )
+        for name, p in params.items():
+            value = saved[name]
+            if value.shape != p.shape or value.dtype != p.dtype:
+                raise self._fail(
+                    f"parameter {name!r} must have shape {p.shape} and dtype {p.dtype},"
+                    f" got {describe(value)}"
+                )
+            if not np.isfinite(value).all():
+                raise self._fail(f"parameter {name!r} contains NaN or infinite values")
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        scalars = self.metadata["optimizer"]
+        if scalars is None:
+            raise self._fail("it holds no optimizer state, but an optimizer was given")
+        state = {k: _from_json(v) for k, v in scalars.items()}
+        if isinstance(state.get("betas"), list):
+            state["betas"] = tuple(state["betas"])
+        state.update(self.group("optimizer"))
+        return state
+
+    def _optimizer_trial(self, optimizer: Optimizer) -> Optimizer:
+        """Load the optimizer state into a copy of ``optimizer`` (sharing only its parameters)."""
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be a tinyformer Optimizer, got {describe(optimizer)}")
+        trial = copy.copy(optimizer)
+        trial.buffers = {k: [b.copy() for b in v] for k, v in optimizer.buffers.items()}
+        try:
+            trial.load_state_dict(self._optimizer_state())
+        except (TypeError, ValueError) as err:
+            raise self._fail(f"the optimizer state does not fit: {err}") from err
+        return trial
+
+    def _generator_states(
+        self, model: Module, generators: Mapping[str, np.random.Generator] | None
+    ) -> dict[str, tuple[np.random.Generator, dict[str, Any]]]:
+        """Pair each generator with its saved state, each state tried on a scratch bit generator."""
+        named = _all_generators(model, generators)
+        saved = self.metadata["generators"]
+        wanted_model = sorted(k for k in named if k.startswith("model."))
+        saved_model = sorted(k for k in saved if k.startswith("model."))
+        if wanted_model != saved_model:
+            raise self._fail(
+                f"it has {len(saved_model)} model generators, the model has {len(wanted_model)}"
+            )
+        missing = sorted(named.keys() - saved.keys())
+        if missing:
+            raise self._fail(f"it has no state for the generators {missing}")
+        pairs = {}
+        for name, gen in named.items():
+            state = _from_json(saved[name])
+            kind = type(gen.bit_generator)
+            if not isinstance(state, dict) or state.get("bit_generator") != kind.__name__:
+                raise self._fail(
+                    f"generator {name!r} was saved from another bit generator than {kind.__name__}"
+                )
+            try:
+                kind().state = state
+            except (TypeError, ValueError, KeyError) as err:
+                raise self._fail(f"the state of generator {name!r} is invalid: {err}") from err
+            pairs[name] = (gen, state)
+        return pairs
+
+    # ---------------------------------------------------------------- restore
+    def restore(
+        self,
+        model: Module,
+        optimizer: Optimizer | None = None,
+        *,
+        generators: Mapping[str, np.random.Generator] | None = None,
+    ) -> None:
+        """Load weights, optimizer state and generator states, after checking all of them."""
+        if not isinstance(model, Module):
+            raise TypeError(f"model must be a tinyformer Module, got {describe(model)}")
+        self._check_model(model)
+        trial = None if optimizer is None else self._optimizer_trial(optimizer)
+        states = self._generator_states(model, generators)
+        # everything is checked: now assign
+        model.load_state_dict(self.group("model"))
+        if optimizer is not None and trial is not None:
+            optimizer.load_state_dict(trial.state_dict())
+        for gen, state in states.values():
+            gen.bit_generator.state = state
+
+
+def _decode_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise ValueError(f"checkpoint {path}: the metadata entry is not a byte string")
+    try:
+        metadata = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"checkpoint {path}: the metadata is not valid JSON ({err})") from err
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a tinyformer checkpoint (format is not {FORMAT!r})")
+    if metadata.get("version") != VERSION:
+        raise ValueError(
+            f"checkpoint {path}: format version {metadata.get('version')!r} is not supported"
+            f" (this tinyformer reads version {VERSION})"
+        )
+    kinds = {
+        "sha256": str,
+        "model": dict,
+        "optimizer": (dict, type(None)),
+        "step": int,
+        "history": (dict, type(None)),
+        "generators": dict,
+        "extra": dict,
+    }
+    for key, kind in kinds.items():
+        if not isinstance(metadata.get(key), kind) or isinstance(metadata.get(key), bool):
+            raise ValueError(  # noqa: TRY004 (a bad file is a ValueError, whatever is wrong in it)
+                f"checkpoint {path}: the metadata entry {key!r} is missing or malformed"
+            )
+    if not {"class", "config"} <= metadata["model"].keys():
+        raise ValueError(
+            f"checkpoint {path}: the metadata entry 'model' lacks 'class' or 'config'"
+        )
+    return metadata
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Read and check a checkpoint file (zip, format, version, checksum) without applying it.
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is no file at ``path``.
+    ValueError
+        If the file is truncated, corrupted, not a checkpoint, of another
+        format version, or its arrays do not match their checksum.
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a str or path-like, got {describe(path)}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {path}")
+    try:
+        with path.open("rb") as file:  # our own handle: closed whatever np.load makes of it
+            loaded = np.load(file, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise ValueError("it holds a single array, not a zip of arrays")  # noqa: TRY004
+            with loaded:
+                arrays = {name: loaded[name] for name in loaded.files}
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{path} is not a readable checkpoint file: {err}") from err
+    if _METADATA not in arrays:
+        raise ValueError(f"{path} is not a tinyformer checkpoint (no {_METADATA} entry)")
+    metadata = _decode_metadata(path, arrays.pop(_METADATA))
+    groups = {name.split("/", 1)[0] for name in arrays}
+    if not groups <= set(_GROUPS) or any("/" not in name for name in arrays):
+        raise ValueError(f"checkpoint {path}: unexpected array names {sorted(arrays)[:5]}")
+    if _digest(arrays) != metadata["sha256"]:
+        raise ValueError(f"checkpoint {path}: the arrays do not match their SHA-256 (corrupted)")
+    return Checkpoint(path, metadata, arrays)
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    model: Module,
+    optimizer: Optimizer | None = None,
+    *,
+    generators: Mapping[str, np.random.Generator] | None = None,
+) -> Checkpoint:
+    """Read a checkpoint and load it into ``model`` (and ``optimizer``, and the generators).
+
+    All or nothing: on any problem a :class:`ValueError` naming the file is
+    raised before anything is assigned. The returned :class:`Checkpoint`
+    gives the step, history and extra values for the caller to use.
+    """
+    checkpoint = read_checkpoint(path)
+    checkpoint.restore(model, optimizer, generators=generators)
+    return checkpoint

@@ -1,0 +1,316 @@
+"""Step-by-step decoding with or without the key/value cache, shared by every search.
+
+A model that decodes offers ``start`` and ``step`` (see :mod:`tinyformer.models`):
+``start`` returns a decode state with empty caches, and ``step(tokens, state)``
+feeds the next ``n`` tokens, returning their logits while extending the caches.
+:class:`~tinyformer.generation.decoding.IncrementalDecoder` wraps a model and such a state and adds the
+*uncached* mode, which recomputes the whole prefix at every call; both modes
+return the same logits, which is what makes the uncached mode the baseline of
+the cache benchmark.
+
+The two model families are told apart by the first parameter of ``start``, as
+the shared interface names it: ``batch_size`` (a decoder-only language model,
+which continues a prompt) or ``source_ids`` (an encoder-decoder, which decodes
+from a BOS token given a source).
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tinyformer._validation import describe, non_negative_int, positive_int, token_ids
+from tinyformer.functional import log_softmax
+
+__all__ = ["GenerationResult", "IncrementalDecoder", "is_encoder_decoder"]
+
+
+def is_encoder_decoder(model: object) -> bool:
+    """Whether ``model`` is an encoder-decoder (True) or a decoder-only model (False).
+
+    Raises
+    ------
+    TypeError
+        If ``model`` has no ``start`` and ``step`` methods, or ``start`` takes
+        neither ``batch_size`` nor ``source_ids`` first.
+    """
+    start, step = getattr(model, "start", None), getattr(model, "step", None)
+    if not callable(start) or not callable(step):
+        raise TypeError(
+            "model must have start() and step() methods (a tinyformer.models.DecoderOnlyLM or"
+            f" EncoderDecoder), got {describe(model)}"
+        )
+    first = next(iter(inspect.signature(start).parameters), None)
+    if first == "source_ids":
+        return True
+    if first == "batch_size":
+        return False
+    raise TypeError(
+        "model.start must take batch_size (decoder-only) or source_ids (encoder-decoder) as"
+        f" its first argument, got a first parameter named {first!r}"
+    )
+
+
+class IncrementalDecoder:
+    """A model and its decode state: feed tokens, get logits, reorder or roll back rows.
+
+    Parameters
+    ----------
+    model : DecoderOnlyLM or EncoderDecoder
+        Anything with the ``start``/``step`` interface of :mod:`tinyformer.models`.
+    source_ids : numpy.ndarray, optional
+        ``(B, S)`` source token ids; required for an encoder-decoder, refused otherwise.
+    batch_size : int, optional
+        Number of rows for a decoder-only model (ignored for an encoder-decoder,
+        whose batch is the number of sources).
+    use_cache : bool
+        Keep the model's key/value caches between calls (the normal way). With
+        ``False`` every :meth:`feed` starts afresh and runs the model over the
+        whole prefix, then keeps only the logits of the new positions.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        source_ids: np.ndarray | None = None,
+        batch_size: int | None = None,
+        use_cache: bool = True,
+    ) -> None:
+        self.model = model
+        self.encoder_decoder = is_encoder_decoder(model)
+        if not isinstance(use_cache, bool):
+            raise TypeError(f"use_cache must be True or False, got {describe(use_cache)}")
+        self.use_cache = use_cache
+        if self.encoder_decoder:
+            if source_ids is None:
+                raise ValueError("source_ids are required to decode with an encoder-decoder")
+            self.source_ids: np.ndarray | None = token_ids(source_ids, "source_ids")
+            if self.source_ids.ndim != 2:
+                raise ValueError(
+                    f"source_ids must have shape (B, S), got shape {self.source_ids.shape}"
+                )
+            rows = self.source_ids.shape[0]
+        else:
+            if source_ids is not None:
+                raise ValueError("source_ids must be None for a decoder-only model")
+            self.source_ids = None
+            rows = positive_int(1 if batch_size is None else batch_size, "batch_size")
+        self.prefix = np.zeros((rows, 0), dtype=np.int64)  # (B, length): every token fed so far
+        self.state = self._start() if use_cache else None
+
+    def _start(self) -> Any:
+        if self.encoder_decoder:
+            return self.model.start(self.source_ids)
+        return self.model.start(self.prefix.shape[0])
+
+    @property
+    def batch_size(self) -> int:
+        """Number of rows."""
+        return self.prefix.shape[0]
+
+    @property
+    def length(self) -> int:
+        """Number of decoder positions fed so far."""
+        return self.prefix.shape[1]
+
+    def feed(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed ``tokens`` ``(B, n)``, the next ``n`` decoder inputs; return their logits ``(B, n, V)``."""
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2 or tokens.shape[0] != self.batch_size or tokens.shape[1] == 0:
+            raise ValueError(
+                f"tokens must have shape ({self.batch_size}, n) with n >= 1, got {tokens.shape}"
+            )
+        prefix = np.concatenate([self.prefix, tokens.astype(np.int64)], axis=1)  # (B, length + n)
+        if self.use_cache:
+            logits = self.model.step(tokens, self.state)  # (B, n, V)
+        else:
+            logits = self.model.step(prefix, self._start())[:, -tokens.shape[1] :]
+        self.prefix = prefix  # only once the model has accepted the tokens
+        return logits
+
+    def reorder(self, indices: np.ndarray) -> None:
+        """Make row ``i`` a copy of the old row ``indices[i]`` (repeats allowed; beam search)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        self.prefix = self.prefix[indices]
+        if self.source_ids is not None:
+            self.source_ids = self.source_ids[indices]
+        if self.use_cache:
+            self.state = self.state.select(indices)
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on (speculative decoding rolls back this way)."""
+        length = non_negative_int(length, "length")
+        if length > self.length:
+            raise ValueError(
+                f"length must be at most the current length {self.length}, got {length}"
+            )
+        self.prefix = self.prefix[:, :length]
+        if self.use_cache:
+            self.state.truncate(length)
+
+
+@dataclass
+class GenerationResult:
+    """What :func:`~tinyformer.generation.search.greedy` and :func:`~tinyformer.generation.sampling.sample` return.
+
+    Attributes
+    ----------
+    tokens : list of numpy.ndarray
+        One array per input row: the generated ids, without the prompt (or BOS),
+        ending with the EOS token when one was generated.
+    token_log_probs : list of numpy.ndarray
+        For each generated token, its log-probability under the model (the plain
+        softmax of the logits: no temperature, top-k or top-p).
+    finished : numpy.ndarray
+        ``(B,)`` bool: the row ended with EOS (rather than at ``max_new_tokens``).
+    """
+
+    tokens: list[np.ndarray]
+    token_log_probs: list[np.ndarray]
+    finished: np.ndarray
+
+    @property
+    def log_prob(self) -> np.ndarray:
+        """``(B,)`` total log-probability of each row's generated tokens."""
+        return np.array([float(lp.sum()) for lp in self.token_log_probs])
+
+
+def _check_id(value: object, name: str, vocab_size: int, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        kind = "an integer token id or None" if optional else "an integer token id"
+        raise TypeError(f"{name} must be {kind}, got {describe(value)}")
+    if not 0 <= value < vocab_size:
+        raise ValueError(f"{name} must be in [0, {vocab_size}), got {value}")
+    return int(value)
+
+
+def _as_rows(ids: object, name: str) -> np.ndarray:
+    arr = token_ids(ids, name)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(
+            f"{name} must be a non-empty 1-D sequence or a (B, T) array with B, T >= 1,"
+            f" got shape {np.shape(ids)}"
+        )
+    return arr.astype(np.int64)
+
+
+@dataclass
+class _Prepared:
+    """Checked inputs of one decoding run."""
+
+    decoder: IncrementalDecoder
+    first_tokens: np.ndarray  # (B, n): what the first call of feed() gets
+    max_new_tokens: int
+    eos_id: int | None
+    vocab_size: int
+
+
+def prepare(
+    model: Any,
+    inputs: object,
+    *,
+    max_new_tokens: object,
+    bos_id: object,
+    eos_id: object,
+    use_cache: object,
+    check: Callable[[int], object] | None = None,
+) -> _Prepared:
+    """Check everything about a decoding run before any model work; build its decoder.
+
+    A decoder-only model continues ``inputs`` (the prompt), which with the new
+    tokens must fit in the context: ``T + max_new_tokens <= max_positions``. An
+    encoder-decoder encodes ``inputs`` (the source) and decodes from ``bos_id``;
+    its decoder inputs are BOS and all but the last new token, so
+    ``max_new_tokens <= max_positions``. ``check(vocab_size)``, if given, checks
+    the caller's own options before the model does any work.
+    """
+    family_is_encoder_decoder = is_encoder_decoder(model)
+    vocab_size = positive_int(model.vocab_size, "model.vocab_size")
+    max_positions = positive_int(model.max_positions, "model.max_positions")
+    max_new_tokens = positive_int(max_new_tokens, "max_new_tokens")
+    eos_id = _check_id(eos_id, "eos_id", vocab_size, optional=True)
+    if check is not None:
+        check(vocab_size)
+    if family_is_encoder_decoder:
+        source = _as_rows(inputs, "source")
+        bos_id = _check_id(bos_id, "bos_id", vocab_size)
+        if source.shape[1] > max_positions:
+            raise ValueError(
+                f"source has {source.shape[1]} tokens, more than the model's max_len"
+                f" {max_positions}"
+            )
+        if max_new_tokens > max_positions:
+            raise ValueError(
+                f"max_new_tokens must be at most the model's max_len {max_positions} (BOS and"
+                f" the new tokens but the last are decoder inputs), got {max_new_tokens}"
+            )
+        first = np.full((source.shape[0], 1), bos_id, dtype=np.int64)
+        decoder = IncrementalDecoder(model, source_ids=source, use_cache=_flag(use_cache))
+    else:
+        prompt = _as_rows(inputs, "prompt")
+        token_ids(prompt, "prompt", vocab_size)
+        length = prompt.shape[1]
+        if length > max_positions:
+            raise ValueError(
+                f"prompt has {length} tokens, more than the model's context length {max_positions}"
+            )
+        if length + max_new_tokens > max_positions:
+            raise ValueError(
+                f"prompt length {length} + max_new_tokens {max_new_tokens} exceeds the model's"
+                f" context length {max_positions}: max_new_tokens can be at most"
+                f" {max_positions - length}"
+            )
+        first = prompt
+        decoder = IncrementalDecoder(model, batch_size=prompt.shape[0], use_cache=_flag(use_cache))
+    return _Prepared(decoder, first, max_new_tokens, eos_id, vocab_size)
+
+
+def _flag(use_cache: object) -> bool:
+    if not isinstance(use_cache, bool):
+        raise TypeError(f"use_cache must be True or False, got {describe(use_cache)}")
+    return use_cache
+
+
+def generate(run: _Prepared, choose: Callable[[np.ndarray], np.ndarray]) -> GenerationResult:
+    """Decode every row of one batch: ``choose(logits (B, V)) -> tokens (B,)`` picks each token.
+
+    A row stops at EOS; rows that stopped keep being fed EOS (their outputs are
+    ignored) until every row has stopped or ``max_new_tokens`` are out.
+    """
+    decoder, rows = run.decoder, run.first_tokens.shape[0]
+    token_columns: list[np.ndarray] = []
+    log_prob_columns: list[np.ndarray] = []
+    lengths = np.full(rows, run.max_new_tokens)
+    finished = np.zeros(rows, dtype=bool)
+    pending = run.first_tokens
+    for t in range(run.max_new_tokens):
+        logits = decoder.feed(pending)[:, -1]  # (B, V)
+        chosen = np.asarray(choose(logits), dtype=np.int64)  # (B,)
+        log_p = np.take_along_axis(log_softmax(logits), chosen[:, None], axis=1)[:, 0]  # (B,)
+        token_columns.append(chosen)
+        log_prob_columns.append(log_p)
+        if run.eos_id is not None:
+            ended = ~finished & (chosen == run.eos_id)
+            lengths[ended] = t + 1
+            finished |= ended
+            chosen = np.where(finished, run.eos_id, chosen)
+        if finished.all():
+            break
+        pending = chosen[:, None]  # (B, 1)
+    tokens = np.stack(token_columns, axis=1)  # (B, steps)
+    log_probs = np.stack(log_prob_columns, axis=1)  # (B, steps)
+    return GenerationResult(
+        tokens=[tokens[i, : lengths[i]].copy() for i in range(rows)],
+        token_log_probs=[log_probs[i, : lengths[i]].copy() for i in range(rows)],
+        finished=finished,
+    )

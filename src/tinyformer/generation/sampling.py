@@ -1,0 +1,79 @@
+"""Ancestral sampling: draw each next token from the (processed) model distribution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tinyformer._validation import generator
+from tinyformer.data.tokenizers import BOS_ID, EOS_ID
+from tinyformer.generation.decoding import GenerationResult, generate, prepare
+from tinyformer.generation.processing import check_options, probabilities, sample_tokens
+
+__all__ = ["sample"]
+
+
+def sample(
+    model: Any,
+    inputs: np.ndarray,
+    *,
+    rng: np.random.Generator,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    bos_id: int = BOS_ID,
+    eos_id: int | None = EOS_ID,
+    use_cache: bool = True,
+) -> GenerationResult:
+    r"""Generate by drawing :math:`y_t \sim \tilde p(\cdot \mid y_{<t})` at every step.
+
+    :math:`\tilde p` is the model's distribution after temperature, top-k and
+    top-p (:func:`~tinyformer.generation.processing.log_probabilities`). Each
+    step draws one uniform number per row from ``rng``, so the same generator
+    state gives the same output, with or without the cache.
+
+    Parameters
+    ----------
+    model : DecoderOnlyLM or EncoderDecoder
+        The model (anything with the ``start``/``step`` interface).
+    inputs : numpy.ndarray
+        The prompt (decoder-only) or the source (encoder-decoder), 1-D or ``(B, T)``;
+        rows are sampled independently.
+    rng : numpy.random.Generator
+        The only source of randomness.
+    max_new_tokens : int
+        Most tokens per row (EOS included).
+    temperature : float
+        A finite number > 0 (0 is refused: use :func:`~tinyformer.generation.search.greedy`).
+    top_k : int, optional
+        Sample only among the ``top_k`` most likely tokens.
+    top_p : float, optional
+        Sample only from the nucleus of mass ``top_p`` :cite:p:`holtzman2020curious`.
+    bos_id, eos_id, use_cache
+        As for :func:`~tinyformer.generation.search.greedy`.
+
+    Returns
+    -------
+    GenerationResult
+        Tokens (EOS included) and their log-probabilities under the unprocessed model.
+    """
+    rng = generator(rng)
+    run = prepare(
+        model,
+        inputs,
+        max_new_tokens=max_new_tokens,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        use_cache=use_cache,
+        check=lambda vocab_size: check_options(
+            vocab_size, temperature=temperature, top_k=top_k, top_p=top_p
+        ),
+    )
+
+    def choose(logits: np.ndarray) -> np.ndarray:
+        p = probabilities(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+        return sample_tokens(p, rng)
+
+    return generate(run, choose)

@@ -1,0 +1,34 @@
+"""Whole models: the encoder-decoder transformer and the decoder-only language model.
+
+- :class:`~tinyformer.models.config.EncoderDecoderConfig`, :class:`~tinyformer.models.config.DecoderOnlyConfig`: checked, JSON-able configurations
+- :class:`~tinyformer.models.encoder_decoder.EncoderDecoder`, :class:`~tinyformer.models.decoder_only.DecoderOnlyLM`: ``forward``/``backward`` for training,
+  ``start``/``step`` with key/value caches for generation
+- :class:`~tinyformer.models.state.DecodeState`: what ``step`` carries from one call to the next
+- :func:`~tinyformer.models.counting.parameter_count`, :func:`~tinyformer.models.counting.parameter_terms`: sizes in closed form;
+  :func:`~tinyformer.models.counting.published_sizes`: GPT-2 and the original Transformer, checked against the formula
+"""
+
+from __future__ import annotations
+
+from tinyformer.models.config import DecoderOnlyConfig, EncoderDecoderConfig
+from tinyformer.models.counting import (
+    PublishedSize,
+    parameter_count,
+    parameter_terms,
+    published_sizes,
+)
+from tinyformer.models.decoder_only import DecoderOnlyLM
+from tinyformer.models.encoder_decoder import EncoderDecoder
+from tinyformer.models.state import DecodeState
+
+__all__ = [
+    "DecodeState",
+    "DecoderOnlyConfig",
+    "DecoderOnlyLM",
+    "EncoderDecoder",
+    "EncoderDecoderConfig",
+    "PublishedSize",
+    "parameter_count",
+    "parameter_terms",
+    "published_sizes",
+]

@@ -1,0 +1,241 @@
+"""Configurations of the two model families: every size and option in one frozen record.
+
+A configuration is checked when it is made, so a model is never half-built from
+a bad one: each problem raises a :class:`ValueError` or :class:`TypeError` that
+names the field. ``to_dict`` gives plain JSON-able values and ``from_dict``
+reads them back, refusing unknown and missing fields by name (checkpoints store
+a model's configuration this way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+from tinyformer._validation import (
+    describe,
+    non_negative_int,
+    one_of,
+    positive_int,
+    probability,
+)
+from tinyformer.feedforward import ACTIVATIONS
+
+__all__ = ["DTYPES", "DecoderOnlyConfig", "EncoderDecoderConfig"]
+
+DTYPES = ("float32", "float64")
+ENCODER_DECODER_POSITIONS = ("sinusoidal", "learned")
+DECODER_ONLY_POSITIONS = ("learned", "sinusoidal", "rotary")
+
+
+def _set(config: object, name: str, value: object) -> None:
+    """Store a normalized value in a frozen dataclass (only from ``__post_init__``)."""
+    object.__setattr__(config, name, value)
+
+
+def _check_flag(config: object, name: str) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {describe(value)}")
+
+
+def _check_common(config: Any, positions: tuple[str, ...]) -> None:
+    """The fields both families share: sizes, heads, dropout and the option strings."""
+    for name in ("d_model", "n_heads", "d_ff"):
+        _set(config, name, positive_int(getattr(config, name), name))
+    if config.d_model % config.n_heads:
+        raise ValueError(f"d_model={config.d_model} must be divisible by n_heads={config.n_heads}")
+    _set(config, "dropout", probability(config.dropout, "dropout"))
+    one_of(config.activation, ACTIVATIONS, "activation")
+    one_of(config.positional, positions, "positional")
+    one_of(config.dtype, DTYPES, "dtype")
+    if config.positional == "sinusoidal" and config.d_model % 2:
+        raise ValueError(
+            f"positional='sinusoidal' needs an even d_model (sine and cosine pairs),"
+            f" got d_model={config.d_model}"
+        )
+    head_size = config.d_model // config.n_heads
+    if config.positional == "rotary" and head_size % 2:
+        raise ValueError(
+            f"positional='rotary' needs an even head size d_model / n_heads, got"
+            f" d_model={config.d_model} / n_heads={config.n_heads} = {head_size}"
+        )
+
+
+class _Serializable:
+    """``to_dict`` and ``from_dict`` for the frozen configuration dataclasses."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict of ints, floats, bools and strings (JSON-able)."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Self:
+        """Rebuild a configuration from :meth:`to_dict`'s output.
+
+        Raises
+        ------
+        TypeError
+            If ``d`` is not a mapping.
+        ValueError
+            If ``d`` has a field this class does not know, lacks a required one,
+            or holds a value the configuration refuses.
+        """
+        if not isinstance(d, Mapping):
+            raise TypeError(f"d must be a mapping of field names to values, got {describe(d)}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k) for k in d.keys() - fields.keys())
+        if unknown:
+            raise ValueError(
+                f"unknown field(s) {unknown} for {cls.__name__}; known fields: {sorted(fields)}"
+            )
+        missing = sorted(
+            name
+            for name, f in fields.items()
+            if name not in d
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        )
+        if missing:
+            raise ValueError(f"missing required field(s) {missing} for {cls.__name__}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class EncoderDecoderConfig(_Serializable):
+    r"""Sizes and options of an :class:`~tinyformer.models.encoder_decoder.EncoderDecoder`.
+
+    The defaults are the book's small model; :cite:t:`vaswani2017attention`'s
+    base model is ``d_model=512, n_heads=8, d_ff=2048`` with six layers on each
+    side, ``share_embeddings=True``.
+
+    Attributes
+    ----------
+    src_vocab_size, tgt_vocab_size : int
+        Sizes of the source and target vocabularies.
+    d_model, n_heads, d_ff : int
+        Width, number of attention heads (dividing ``d_model``) and feed-forward width.
+    n_encoder_layers, n_decoder_layers : int
+        Number of blocks on each side.
+    max_len : int
+        Longest source and longest decoder input the model accepts.
+    dropout : float
+        Dropout probability in ``[0, 1)`` after embedding + position and inside every block.
+    norm_first : bool
+        Pre-norm blocks, with a final LayerNorm on the encoder output and on the
+        decoder output; ``False`` is the original post-norm.
+    activation : str
+        Feed-forward nonlinearity: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
+    positional : str
+        ``"sinusoidal"`` (fixed, needs an even ``d_model``) or ``"learned"``
+        (one table for the encoder and one for the decoder, ``max_len`` rows each).
+    share_embeddings : bool
+        One embedding table for source and target; needs equal vocabulary sizes.
+    tie_output : bool
+        The output projection is the target embedding table, transposed.
+    scale_embeddings : bool
+        Multiply embeddings by :math:`\sqrt{d_\text{model}}`.
+    pad_id : int
+        Padding id of source and target, below both vocabulary sizes; padded
+        positions are masked out of attention by default.
+    dtype : str
+        ``"float32"`` or ``"float64"``.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 64
+    n_heads: int = 4
+    d_ff: int = 256
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 2
+    max_len: int = 64
+    dropout: float = 0.0
+    norm_first: bool = False
+    activation: str = "relu"
+    positional: str = "sinusoidal"
+    share_embeddings: bool = False
+    tie_output: bool = True
+    scale_embeddings: bool = True
+    pad_id: int = 0
+    dtype: str = "float64"
+
+    def __post_init__(self) -> None:
+        """Check every field; raise naming the first bad one."""
+        for name in ("src_vocab_size", "tgt_vocab_size", "n_encoder_layers", "n_decoder_layers"):
+            _set(self, name, positive_int(getattr(self, name), name))
+        _set(self, "max_len", positive_int(self.max_len, "max_len"))
+        for name in ("norm_first", "share_embeddings", "tie_output", "scale_embeddings"):
+            _check_flag(self, name)
+        _check_common(self, ENCODER_DECODER_POSITIONS)
+        _set(self, "pad_id", non_negative_int(self.pad_id, "pad_id"))
+        smallest = min(self.src_vocab_size, self.tgt_vocab_size)
+        if self.pad_id >= smallest:
+            raise ValueError(
+                f"pad_id={self.pad_id} must be below both src_vocab_size={self.src_vocab_size}"
+                f" and tgt_vocab_size={self.tgt_vocab_size}"
+            )
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "share_embeddings=True needs src_vocab_size == tgt_vocab_size, got"
+                f" src_vocab_size={self.src_vocab_size} and tgt_vocab_size={self.tgt_vocab_size}"
+            )
+
+
+@dataclass(frozen=True)
+class DecoderOnlyConfig(_Serializable):
+    r"""Sizes and options of a :class:`~tinyformer.models.decoder_only.DecoderOnlyLM`.
+
+    The defaults follow GPT-2's layout :cite:p:`radford2019language` at the book's
+    small size: pre-norm blocks with a final LayerNorm, GELU, learned positions
+    and a tied output projection.
+
+    Attributes
+    ----------
+    vocab_size : int
+        Number of tokens.
+    d_model, n_heads, d_ff, n_layers : int
+        Width, heads (dividing ``d_model``), feed-forward width and number of blocks.
+    context_length : int
+        Longest sequence the model reads (the size of the learned position table).
+    dropout : float
+        Dropout probability in ``[0, 1)``.
+    norm_first : bool
+        Pre-norm blocks with a final LayerNorm (``True``) or post-norm blocks.
+    activation : str
+        ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
+    positional : str
+        ``"learned"``, ``"sinusoidal"`` (even ``d_model``) or ``"rotary"`` (even
+        head size ``d_model / n_heads``; rotates queries and keys, adds nothing to
+        the embeddings).
+    tie_output : bool
+        The output projection is the embedding table, transposed.
+    scale_embeddings : bool
+        Multiply embeddings by :math:`\sqrt{d_\text{model}}`.
+    dtype : str
+        ``"float32"`` or ``"float64"``.
+    """
+
+    vocab_size: int
+    d_model: int = 64
+    n_heads: int = 4
+    d_ff: int = 256
+    n_layers: int = 2
+    context_length: int = 64
+    dropout: float = 0.0
+    norm_first: bool = True
+    activation: str = "gelu"
+    positional: str = "learned"
+    tie_output: bool = True
+    scale_embeddings: bool = False
+    dtype: str = "float64"
+
+    def __post_init__(self) -> None:
+        """Check every field; raise naming the first bad one."""
+        for name in ("vocab_size", "n_layers", "context_length"):
+            _set(self, name, positive_int(getattr(self, name), name))
+        for name in ("norm_first", "tie_output", "scale_embeddings"):
+            _check_flag(self, name)
+        _check_common(self, DECODER_ONLY_POSITIONS)

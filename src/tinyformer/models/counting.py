@@ -1,0 +1,208 @@
+r"""Parameter counts in closed form, term by term, and the published model sizes they reproduce.
+
+With :math:`d` the width, :math:`d_\text{ff}` the feed-forward width and
+:math:`V` a vocabulary size, the pieces of a model hold
+
+- an embedding table: :math:`V d`;
+- a learned position table: :math:`T_\text{max} d` (sinusoidal and rotary: 0);
+- one attention sub-layer (four :math:`d \times d` projections with biases):
+  :math:`4(d^2 + d)`;
+- one feed-forward sub-layer: :math:`2 d\,d_\text{ff} + d_\text{ff} + d`;
+- one LayerNorm (gain and bias): :math:`2d`;
+- an untied output projection: :math:`d V` (it has no bias; tied: 0).
+
+An encoder block is attention + feed-forward + 2 LayerNorms, a decoder block
+with cross-attention two attentions + feed-forward + 3 LayerNorms, a
+decoder-only block one attention + feed-forward + 2 LayerNorms. Pre-norm models
+add a final LayerNorm after each stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tinyformer._validation import describe
+from tinyformer.models.config import DecoderOnlyConfig, EncoderDecoderConfig
+
+__all__ = [
+    "PublishedSize",
+    "gpt2_config",
+    "parameter_count",
+    "parameter_terms",
+    "published_sizes",
+    "transformer_config",
+]
+
+
+def attention_parameters(d_model: int) -> int:
+    """Query, key, value and output projections with their biases: :math:`4(d^2 + d)`."""
+    return 4 * (d_model * d_model + d_model)
+
+
+def feed_forward_parameters(d_model: int, d_ff: int) -> int:
+    r"""Two linear layers with biases: :math:`2 d\,d_\text{ff} + d_\text{ff} + d`."""
+    return 2 * d_model * d_ff + d_ff + d_model
+
+
+def layer_norm_parameters(d_model: int) -> int:
+    """Gain and bias: :math:`2d`."""
+    return 2 * d_model
+
+
+def parameter_terms(config: EncoderDecoderConfig | DecoderOnlyConfig) -> dict[str, int]:
+    """The parameter count of a model with this ``config``, split into named terms.
+
+    Returns
+    -------
+    dict of str to int
+        Terms in the order of the model's layers; terms that are zero for
+        this configuration (e.g. ``"output projection"`` when tied) are present
+        with the value 0, so the table always has the same rows.
+    """
+    if isinstance(config, EncoderDecoderConfig):
+        return _encoder_decoder_terms(config)
+    if isinstance(config, DecoderOnlyConfig):
+        return _decoder_only_terms(config)
+    raise TypeError(
+        f"config must be an EncoderDecoderConfig or a DecoderOnlyConfig, got {describe(config)}"
+    )
+
+
+def _encoder_decoder_terms(c: EncoderDecoderConfig) -> dict[str, int]:
+    d = c.d_model
+    attention, ffn, norm = (
+        attention_parameters(d),
+        feed_forward_parameters(d, c.d_ff),
+        layer_norm_parameters(d),
+    )
+    learned = c.positional == "learned"
+    return {
+        "source embedding": c.src_vocab_size * d,
+        "target embedding": 0 if c.share_embeddings else c.tgt_vocab_size * d,
+        "source positions": c.max_len * d if learned else 0,
+        "target positions": c.max_len * d if learned else 0,
+        "encoder blocks": c.n_encoder_layers * (attention + ffn + 2 * norm),
+        "decoder blocks": c.n_decoder_layers * (2 * attention + ffn + 3 * norm),
+        "final norms": 2 * norm if c.norm_first else 0,
+        "output projection": 0 if c.tie_output else d * c.tgt_vocab_size,
+    }
+
+
+def _decoder_only_terms(c: DecoderOnlyConfig) -> dict[str, int]:
+    d = c.d_model
+    block = (
+        attention_parameters(d) + feed_forward_parameters(d, c.d_ff) + 2 * layer_norm_parameters(d)
+    )
+    return {
+        "token embedding": c.vocab_size * d,
+        "positions": c.context_length * d if c.positional == "learned" else 0,
+        "blocks": c.n_layers * block,
+        "final norm": layer_norm_parameters(d) if c.norm_first else 0,
+        "output projection": 0 if c.tie_output else d * c.vocab_size,
+    }
+
+
+def parameter_count(config: EncoderDecoderConfig | DecoderOnlyConfig) -> int:
+    """Number of trainable scalars of the model built from ``config``, without building it.
+
+    Equal to ``model.num_parameters()`` (shared tables counted once); the sum
+    of :func:`~tinyformer.models.counting.parameter_terms`.
+    """
+    return sum(parameter_terms(config).values())
+
+
+# ------------------------------------------------------------ published sizes
+def gpt2_config(d_model: int, n_layers: int, n_heads: int) -> DecoderOnlyConfig:
+    r"""GPT-2's architecture at one size :cite:p:`radford2019language`.
+
+    50,257-token vocabulary, 1,024 learned positions, pre-norm blocks with a
+    final LayerNorm, GELU, :math:`d_\text{ff} = 4d`, biases everywhere and the
+    output tied to the token embedding.
+    """
+    return DecoderOnlyConfig(
+        vocab_size=50257,
+        d_model=d_model,
+        n_heads=n_heads,
+        d_ff=4 * d_model,
+        n_layers=n_layers,
+        context_length=1024,
+        norm_first=True,
+        activation="gelu",
+        positional="learned",
+        tie_output=True,
+    )
+
+
+def transformer_config(d_model: int, n_heads: int, d_ff: int) -> EncoderDecoderConfig:
+    """The original Transformer's architecture at one size :cite:p:`vaswani2017attention`.
+
+    Six encoder and six decoder layers, post-norm, sinusoidal positions and one
+    table shared by source embedding, target embedding and output projection
+    over a joint vocabulary of about 37,000 byte-pair tokens (the English-German
+    setting; the paper gives only this approximate size).
+    """
+    return EncoderDecoderConfig(
+        src_vocab_size=37000,
+        tgt_vocab_size=37000,
+        d_model=d_model,
+        n_heads=n_heads,
+        d_ff=d_ff,
+        n_encoder_layers=6,
+        n_decoder_layers=6,
+        max_len=512,
+        norm_first=False,
+        activation="relu",
+        positional="sinusoidal",
+        share_embeddings=True,
+        tie_output=True,
+    )
+
+
+@dataclass(frozen=True)
+class PublishedSize:
+    """A published model, its configuration here and the sizes reported for it.
+
+    Attributes
+    ----------
+    name : str
+        E.g. ``"GPT-2 small"``.
+    config : EncoderDecoderConfig or DecoderOnlyConfig
+        The architecture, in this library's terms.
+    reported : int
+        The size in the paper, as printed (rounded to millions).
+    released : int or None
+        The exact count of the released weights, where one exists.
+    """
+
+    name: str
+    config: EncoderDecoderConfig | DecoderOnlyConfig
+    reported: int
+    released: int | None = None
+
+    @property
+    def formula(self) -> int:
+        """:func:`~tinyformer.models.counting.parameter_count` of :attr:`config`."""
+        return parameter_count(self.config)
+
+
+def published_sizes() -> list[PublishedSize]:
+    """GPT-2's four sizes and the Transformer's base and big models, with reported counts.
+
+    The GPT-2 paper :cite:p:`radford2019language` prints 117M, 345M, 762M and
+    1542M; the released checkpoints hold exactly 124,439,808, 354,823,168,
+    774,030,080 and 1,557,611,200 parameters, which :func:`~tinyformer.models.counting.parameter_count`
+    reproduces exactly; the paper's figures are lower and are not roundings of
+    these counts. :cite:t:`vaswani2017attention` report 65M (base) and
+    213M (big); the formula gives about 63.1M and 214.2M. The gap for base,
+    3%, is as large as about 3,700 vocabulary rows: the paper states the
+    vocabulary only as "about 37000 tokens", so the count cannot be pinned down
+    closer than that.
+    """
+    return [
+        PublishedSize("GPT-2 small", gpt2_config(768, 12, 12), 117_000_000, 124_439_808),
+        PublishedSize("GPT-2 medium", gpt2_config(1024, 24, 16), 345_000_000, 354_823_168),
+        PublishedSize("GPT-2 large", gpt2_config(1280, 36, 20), 762_000_000, 774_030_080),
+        PublishedSize("GPT-2 XL", gpt2_config(1600, 48, 25), 1_542_000_000, 1_557_611_200),
+        PublishedSize("Transformer base", transformer_config(512, 8, 2048), 65_000_000),
+        PublishedSize("Transformer big", transformer_config(1024, 16, 4096), 213_000_000),
+    ]

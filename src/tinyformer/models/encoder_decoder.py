@@ -1,0 +1,319 @@
+r"""The encoder-decoder transformer of :cite:t:`vaswani2017attention`, forward and backward.
+
+The encoder reads the whole source at once; the decoder reads the target
+shifted right and attends to the encoder's output (the *memory*) in every
+block:
+
+.. math::
+    m = \operatorname{Encoder}(E_\text{src}[x] + P), \qquad
+    z = \operatorname{Decoder}(E_\text{tgt}[y] + P,\ m)\,W_\text{out}.
+
+Training runs :meth:`EncoderDecoder.forward` then :meth:`EncoderDecoder.backward`;
+generation runs :meth:`EncoderDecoder.start` (encode once) then
+:meth:`EncoderDecoder.step` as often as needed, each step reusing the keys and
+values of the positions before it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from tinyformer.blocks import DecoderBlock, DecoderCache, EncoderBlock
+from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
+from tinyformer.masks import padding_mask
+from tinyformer.models._inputs import CausalMasks, check_ids, check_mask, check_state
+from tinyformer.models.config import EncoderDecoderConfig
+from tinyformer.models.state import DecodeState
+from tinyformer.module import Module
+from tinyformer.norm import LayerNorm
+from tinyformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+
+__all__ = ["EncoderDecoder", "make_positions"]
+
+
+def make_positions(
+    kind: str, max_len: int, d_model: int, *, rng: np.random.Generator, dtype: np.dtype
+) -> Module | None:
+    """The position layer added to the embeddings: sinusoidal, learned, or none (rotary)."""
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_len, dtype=dtype)
+    if kind == "learned":
+        return LearnedPositionalEmbedding(max_len, d_model, rng=rng, dtype=dtype)
+    return None
+
+
+class EncoderDecoder(Module):
+    r"""The encoder-decoder transformer, from encoder and decoder blocks.
+
+    Layout, for ``config.norm_first=False`` (post-norm, the original) or ``True``
+    (pre-norm, which adds a final LayerNorm after each stack):
+
+    - source: embedding (times :math:`\sqrt{d}` if ``scale_embeddings``) + positions,
+      dropout, ``n_encoder_layers`` encoder blocks, [LayerNorm]: the memory;
+    - target: embedding + positions, dropout, ``n_decoder_layers`` decoder blocks
+      attending to the memory, [LayerNorm], then the output projection: the target
+      embedding transposed when ``tie_output`` :cite:p:`press2017using`, else a
+      bias-free ``Linear``.
+
+    With ``share_embeddings`` the source and target use one table, so with
+    ``tie_output`` one matrix serves three times and its gradient is the sum of
+    all three uses.
+
+    Parameters
+    ----------
+    config : EncoderDecoderConfig
+        Sizes and options.
+    rng : numpy.random.Generator
+        Draws every initial weight and, in training mode, every dropout mask.
+
+    Attributes
+    ----------
+    config : EncoderDecoderConfig
+    vocab_size : int
+        The target vocabulary size (the width of the logits).
+    max_positions : int
+        ``config.max_len``: the longest source and the most decoder positions.
+    dtype : numpy.dtype
+        Dtype of parameters and logits.
+    """
+
+    def __init__(self, config: EncoderDecoderConfig, *, rng: np.random.Generator) -> None:
+        super().__init__()
+        if not isinstance(config, EncoderDecoderConfig):
+            raise TypeError(f"config must be an EncoderDecoderConfig, got {type(config).__name__}")
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(
+                "rng must be a numpy.random.Generator (np.random.default_rng(seed)),"
+                f" got {type(rng).__name__}"
+            )
+        c = self.config = config
+        self.vocab_size = c.tgt_vocab_size
+        self.max_positions = c.max_len
+        self.dtype = np.dtype(c.dtype)
+        d, dtype = c.d_model, self.dtype
+        embed = {"rng": rng, "scale_by_sqrt_d": c.scale_embeddings, "dtype": dtype}
+        self.source_embedding = Embedding(c.src_vocab_size, d, **embed)
+        if c.share_embeddings:  # a second layer object (its own saved ids) on the same table
+            self.target_embedding = copy.copy(self.source_embedding)
+        else:
+            self.target_embedding = Embedding(c.tgt_vocab_size, d, **embed)
+        self.source_positions = make_positions(c.positional, c.max_len, d, rng=rng, dtype=dtype)
+        self.target_positions = make_positions(c.positional, c.max_len, d, rng=rng, dtype=dtype)
+        self.source_dropout = Dropout(c.dropout, rng=rng)
+        self.target_dropout = Dropout(c.dropout, rng=rng)
+        block = {
+            "rng": rng,
+            "dropout": c.dropout,
+            "norm_first": c.norm_first,
+            "activation": c.activation,
+            "dtype": dtype,
+        }
+        self.encoder_layers = [
+            EncoderBlock(d, c.n_heads, c.d_ff, **block) for _ in range(c.n_encoder_layers)
+        ]
+        self.decoder_layers = [
+            DecoderBlock(d, c.n_heads, c.d_ff, **block) for _ in range(c.n_decoder_layers)
+        ]
+        self.encoder_norm = LayerNorm(d, dtype=dtype) if c.norm_first else None
+        self.decoder_norm = LayerNorm(d, dtype=dtype) if c.norm_first else None
+        self.output: Module = (
+            TiedOutputProjection(self.target_embedding)
+            if c.tie_output
+            else Linear(d, c.tgt_vocab_size, rng=rng, bias=False, dtype=dtype)
+        )
+        self._causal = CausalMasks()
+
+    # ------------------------------------------------------------------ inputs
+    def _source(
+        self, source_ids: object, source_mask: object
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Checked source ids ``(B, S)`` and key mask (``None`` when nothing is hidden)."""
+        c = self.config
+        ids = check_ids(source_ids, "source_ids", c.src_vocab_size, c.max_len, "max_len")
+        b, s = ids.shape
+        if source_mask is None:
+            mask = padding_mask(ids, c.pad_id)  # (B, 1, S)
+        else:
+            mask = check_mask(source_mask, "source_mask", (b, 1, s))
+        return ids, (None if mask.all() else mask)
+
+    def _decoder_mask(self, ids: np.ndarray, decoder_mask: object) -> np.ndarray:
+        """The given mask, or causal and hiding padded decoder positions."""
+        b, t = ids.shape
+        if decoder_mask is not None:
+            return check_mask(decoder_mask, "decoder_mask", (b, t, t))
+        causal = self._causal(t, t)  # (T, T)
+        real = ids != self.config.pad_id  # (B, T)
+        return causal if real.all() else causal & real[:, None, :]  # (B, T, T)
+
+    # ----------------------------------------------------------------- forward
+    def encode(self, source_ids: np.ndarray, source_mask: np.ndarray | None) -> np.ndarray:
+        """The memory ``(B, S, d_model)`` of checked ``source_ids``; kept for backward."""
+        x = self.source_embedding.forward(source_ids)  # (B, S, d)
+        if self.source_positions is not None:
+            x = self.source_positions.forward(x)
+        x = self.source_dropout.forward(x)
+        for block in self.encoder_layers:
+            x = block.forward(x, source_mask)  # (B, S, d)
+        return x if self.encoder_norm is None else self.encoder_norm.forward(x)
+
+    def forward(
+        self,
+        source_ids: np.ndarray,
+        decoder_input_ids: np.ndarray,
+        *,
+        source_mask: np.ndarray | None = None,
+        decoder_mask: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Logits for every decoder position, with teacher forcing.
+
+        Parameters
+        ----------
+        source_ids : numpy.ndarray of int
+            ``(B, S)``, ``S <= max_len``.
+        decoder_input_ids : numpy.ndarray of int
+            ``(B, T)``, ``T <= max_len``: ``<bos>`` followed by the target.
+        source_mask : numpy.ndarray of bool, optional
+            Broadcasts to ``(B, 1, S)``: True at source positions that may be
+            attended to (by the encoder and by the decoder's cross-attention).
+            Defaults to the positions whose id is not ``config.pad_id``.
+        decoder_mask : numpy.ndarray of bool, optional
+            Broadcasts to ``(B, T, T)``. Defaults to causal and hiding padded
+            decoder positions, as :class:`~tinyformer.data.batching.Batch` builds it.
+
+        Returns
+        -------
+        numpy.ndarray
+            Logits ``(B, T, tgt_vocab_size)`` in the model's dtype.
+        """
+        c = self.config
+        source_ids, source_mask = self._source(source_ids, source_mask)
+        ids = check_ids(
+            decoder_input_ids, "decoder_input_ids", c.tgt_vocab_size, c.max_len, "max_len"
+        )
+        if ids.shape[0] != source_ids.shape[0]:
+            raise ValueError(
+                f"decoder_input_ids has {ids.shape[0]} rows but source_ids has"
+                f" {source_ids.shape[0]}: they must pair up"
+            )
+        self_mask = self._decoder_mask(ids, decoder_mask)
+        memory = self.encode(source_ids, source_mask)  # (B, S, d)
+        y = self._embed_target(ids, 0)  # (B, T, d)
+        for block in self.decoder_layers:
+            y = block.forward(y, memory, self_mask=self_mask, memory_mask=source_mask)
+        logits = self._project(y)  # (B, T, V)
+        self._save(logits.shape, memory.shape)
+        return logits
+
+    def _embed_target(self, ids: np.ndarray, start: int) -> np.ndarray:
+        y = self.target_embedding.forward(ids)  # (B, T, d)
+        if self.target_positions is not None:
+            y = self.target_positions.forward(y, start)
+        return self.target_dropout.forward(y)
+
+    def _project(self, y: np.ndarray) -> np.ndarray:
+        if self.decoder_norm is not None:
+            y = self.decoder_norm.forward(y)
+        return self.output.forward(y)  # (B, T, V)
+
+    # ---------------------------------------------------------------- backward
+    def backward(self, grad_logits: np.ndarray) -> None:
+        r"""Back through decoder and encoder; add into every parameter's gradient.
+
+        Parameters
+        ----------
+        grad_logits : numpy.ndarray
+            :math:`\partial L / \partial z`, the shape ``(B, T, tgt_vocab_size)``
+            and dtype of the last :meth:`forward`'s logits.
+        """
+        if self._cache is not None:  # check first, so that a bad gradient can be retried
+            self._check_grad(grad_logits, self._cache[0], self.dtype)
+        logits_shape, memory_shape = self._saved()
+        grad = self._check_grad(grad_logits, logits_shape, self.dtype)
+        grad = self.output.backward(grad)  # (B, T, d)
+        if self.decoder_norm is not None:
+            grad = self.decoder_norm.backward(grad)
+        grad_memory = np.zeros(memory_shape, dtype=self.dtype)  # (B, S, d)
+        for block in reversed(self.decoder_layers):
+            grad, grad_from_block = block.backward(grad)
+            grad_memory += grad_from_block  # every decoder block reads the memory
+        grad = self.target_dropout.backward(grad)
+        if self.target_positions is not None:
+            grad = self.target_positions.backward(grad)
+        self.target_embedding.backward(grad)
+        if self.encoder_norm is not None:
+            grad_memory = self.encoder_norm.backward(grad_memory)
+        for block in reversed(self.encoder_layers):
+            grad_memory = block.backward(grad_memory)
+        grad_memory = self.source_dropout.backward(grad_memory)
+        if self.source_positions is not None:
+            grad_memory = self.source_positions.backward(grad_memory)
+        self.source_embedding.backward(grad_memory)
+
+    # --------------------------------------------------------------- inference
+    def start(
+        self, source_ids: np.ndarray, *, source_mask: np.ndarray | None = None
+    ) -> DecodeState:
+        """Encode ``source_ids`` ``(B, S)`` once; return a state with empty decoder caches.
+
+        ``source_mask`` is as in :meth:`forward`. A ``backward`` after ``start``
+        (or :meth:`step`) is refused: run :meth:`forward` again to train.
+        """
+        self._cache = None
+        source_ids, source_mask = self._source(source_ids, source_mask)
+        memory = self.encode(source_ids, source_mask)  # (B, S, d)
+        b = source_ids.shape[0]
+        return DecodeState(
+            self,
+            batch_size=b,
+            caches=[DecoderCache() for _ in self.decoder_layers],
+            memory=memory,
+            memory_mask=None
+            if source_mask is None
+            else np.broadcast_to(source_mask, (b, 1, source_ids.shape[1])).copy(),
+            key_mask=np.ones((b, 0), dtype=bool),
+        )
+
+    def step(self, tokens: np.ndarray, state: DecodeState) -> np.ndarray:
+        """Feed the next ``n`` decoder inputs of every row; return their logits.
+
+        Parameters
+        ----------
+        tokens : numpy.ndarray of int
+            ``(B, n)``: decoder inputs at positions ``state.length .. state.length + n - 1``
+            (the first call usually gets ``<bos>``).
+        state : DecodeState
+            From this model's :meth:`start`; extended in place.
+
+        Returns
+        -------
+        numpy.ndarray
+            Logits ``(B, n, tgt_vocab_size)``, equal (to rounding) to those
+            :meth:`forward` gives at the same positions for the whole prefix.
+
+        Raises
+        ------
+        ValueError
+            If ``state.length + n`` exceeds ``max_len``, the batch sizes differ, or
+            the state belongs to another model.
+        """
+        self._cache = None
+        c = self.config
+        tokens = check_ids(tokens, "tokens", c.tgt_vocab_size, None, "max_len")
+        b, n = tokens.shape
+        state = check_state(state, self, n, b)
+        total = state.length + n
+        key_mask = np.concatenate([state.key_mask, tokens != c.pad_id], axis=1)  # (B, total)
+        if key_mask.all():
+            self_mask = None if n == 1 else self._causal(n, total)
+        else:
+            self_mask = self._causal(n, total) & key_mask[:, None, :]  # (B, n, total)
+        y = self._embed_target(tokens, state.length)  # (B, n, d)
+        for block, cache in zip(self.decoder_layers, state.caches, strict=True):
+            y = block.forward(
+                y, state.memory, self_mask=self_mask, memory_mask=state.memory_mask, cache=cache
+            )
+        state.length, state.key_mask = total, key_mask
+        return self._project(y)

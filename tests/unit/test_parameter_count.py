@@ -1,0 +1,164 @@
+"""The closed-form parameter count: equal to the built model's for every option, and to
+the published sizes of GPT-2 and the original Transformer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyformer.models import (
+    DecoderOnlyConfig,
+    DecoderOnlyLM,
+    EncoderDecoder,
+    EncoderDecoderConfig,
+    parameter_count,
+    parameter_terms,
+    published_sizes,
+)
+from tinyformer.models.counting import gpt2_config, transformer_config
+
+
+@st.composite
+def widths(draw) -> dict:
+    n_heads = draw(st.integers(1, 3))
+    head_size = draw(st.sampled_from([2, 4]))  # even: every positional scheme applies
+    return {"d_model": n_heads * head_size, "n_heads": n_heads, "d_ff": draw(st.integers(1, 9))}
+
+
+@given(
+    sizes=widths(),
+    src=st.integers(1, 9),
+    tgt=st.integers(1, 9),
+    layers=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    max_len=st.integers(1, 8),
+    norm_first=st.booleans(),
+    positional=st.sampled_from(["sinusoidal", "learned"]),
+    share=st.booleans(),
+    tie=st.booleans(),
+    scale=st.booleans(),
+)
+def test_formula_equals_encoder_decoder_model(
+    sizes, src, tgt, layers, max_len, norm_first, positional, share, tie, scale
+):
+    config = EncoderDecoderConfig(
+        src_vocab_size=src,
+        tgt_vocab_size=src if share else tgt,
+        n_encoder_layers=layers[0],
+        n_decoder_layers=layers[1],
+        max_len=max_len,
+        norm_first=norm_first,
+        positional=positional,
+        share_embeddings=share,
+        tie_output=tie,
+        scale_embeddings=scale,
+        **sizes,
+    )
+    model = EncoderDecoder(config, rng=np.random.default_rng(0))
+    assert parameter_count(config) == model.num_parameters()
+    assert parameter_count(config) == sum(v.size for v in model.state_dict().values())
+
+
+@given(
+    sizes=widths(),
+    vocab=st.integers(1, 9),
+    n_layers=st.integers(1, 3),
+    context=st.integers(1, 8),
+    norm_first=st.booleans(),
+    positional=st.sampled_from(["learned", "sinusoidal", "rotary"]),
+    tie=st.booleans(),
+    activation=st.sampled_from(["relu", "gelu", "gelu_tanh", "silu"]),
+)
+def test_formula_equals_decoder_only_model(
+    sizes, vocab, n_layers, context, norm_first, positional, tie, activation
+):
+    config = DecoderOnlyConfig(
+        vocab_size=vocab,
+        n_layers=n_layers,
+        context_length=context,
+        norm_first=norm_first,
+        positional=positional,
+        tie_output=tie,
+        activation=activation,
+        **sizes,
+    )
+    model = DecoderOnlyLM(config, rng=np.random.default_rng(0))
+    assert parameter_count(config) == model.num_parameters()
+
+
+def test_terms_are_named_and_zero_where_absent():
+    config = EncoderDecoderConfig(src_vocab_size=10, tgt_vocab_size=10, share_embeddings=True)
+    terms = parameter_terms(config)
+    assert terms["target embedding"] == 0
+    assert terms["output projection"] == 0
+    assert terms["source positions"] == terms["target positions"] == 0
+    assert terms["final norms"] == 0
+    d, d_ff = 64, 256
+    assert terms["encoder blocks"] == 2 * (4 * (d * d + d) + 2 * d * d_ff + d_ff + d + 4 * d)
+    untied = parameter_terms(DecoderOnlyConfig(vocab_size=7, tie_output=False, d_model=8))
+    assert untied["output projection"] == 7 * 8
+    assert untied["final norm"] == 16
+    assert untied["positions"] == 64 * 8
+    assert sum(untied.values()) == parameter_count(
+        DecoderOnlyConfig(vocab_size=7, tie_output=False, d_model=8)
+    )
+
+
+def test_parameter_count_refuses_other_objects():
+    with pytest.raises(TypeError, match="config must be an EncoderDecoderConfig or a DecoderOnly"):
+        parameter_count({"vocab_size": 3})
+
+
+@pytest.mark.parametrize(
+    ("d_model", "n_layers", "n_heads", "released"),
+    [
+        (768, 12, 12, 124_439_808),
+        (1024, 24, 16, 354_823_168),
+        (1280, 36, 20, 774_030_080),
+        (1600, 48, 25, 1_557_611_200),
+    ],
+    ids=["small", "medium", "large", "xl"],
+)
+def test_gpt2_sizes_are_exact(d_model, n_layers, n_heads, released):
+    """The released GPT-2 checkpoints' parameter counts, to the last parameter."""
+    assert parameter_count(gpt2_config(d_model, n_layers, n_heads)) == released
+
+
+def test_transformer_sizes_are_close_to_the_paper():
+    """Vaswani et al. report 65M (base) and 213M (big) for a vocabulary of "about 37000".
+
+    The formula gives 63.08M and 214.25M. Base is 3.0% below the paper (the
+    size of about 3,700 more vocabulary rows), so the tolerance is 5% for
+    base and 1% for big.
+    """
+    base = parameter_count(transformer_config(512, 8, 2048))
+    big = parameter_count(transformer_config(1024, 16, 4096))
+    # The same sums written out: shared table + 6 encoder + 6 decoder blocks.
+    for total, d, d_ff in ((base, 512, 2048), (big, 1024, 4096)):
+        attention, ffn, norm = 4 * d * d + 4 * d, 2 * d * d_ff + d_ff + d, 2 * d
+        assert total == 37000 * d + 6 * (attention + ffn + 2 * norm) + 6 * (
+            2 * attention + ffn + 3 * norm
+        )
+    assert abs(base - 65e6) / 65e6 < 0.05
+    assert abs(big - 213e6) / 213e6 < 0.01
+    assert round(base / 1e5) == 631
+    assert round(big / 1e5) == 2142
+
+
+def test_published_sizes_table():
+    rows = {row.name: row for row in published_sizes()}
+    assert list(rows) == [
+        "GPT-2 small",
+        "GPT-2 medium",
+        "GPT-2 large",
+        "GPT-2 XL",
+        "Transformer base",
+        "Transformer big",
+    ]
+    for row in rows.values():
+        if row.released is not None:
+            assert row.formula == row.released
+            assert row.reported < row.released  # the paper's table is lower, not a rounding
+    assert rows["GPT-2 small"].reported == 117_000_000
+    assert rows["Transformer big"].released is None
