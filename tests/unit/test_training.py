@@ -9,10 +9,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pytest
 
-from tinyformer.data import SequenceTask, make_batch
+from tinyformer.data import PairDataset, SequenceTask, make_batch
 from tinyformer.layers import Dropout, Embedding, Linear
 from tinyformer.losses import cross_entropy
-from tinyformer.models import EncoderDecoder, EncoderDecoderConfig
+from tinyformer.models import (
+    DecoderOnlyConfig,
+    DecoderOnlyLM,
+    EncoderDecoder,
+    EncoderDecoderConfig,
+)
 from tinyformer.module import Module
 from tinyformer.optim import SGD, Adam
 from tinyformer.schedules import WarmupCosineSchedule
@@ -285,6 +290,28 @@ def test_trainer_rejects_an_optimizer_of_another_model():
             model, SGD(other.parameters(), 0.1), lm_loss, bigram_windows(8, 3, np.random.default_rng(0)),
             batch_size=2, rng=np.random.default_rng(0),
         )  # fmt: skip
+
+
+def test_trainer_refuses_data_longer_than_the_models_context():
+    rng = np.random.default_rng(0)
+    lm = DecoderOnlyLM(DecoderOnlyConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8,
+                                         n_layers=1, context_length=4), rng=rng)  # fmt: skip
+    windows = bigram_windows(8, 5, rng)
+    with pytest.raises(ValueError, match=r"DecoderOnlyConfig\.context_length=4.*>= 5"):
+        Trainer(lm, SGD(lm.parameters(), 0.1), lm_loss, windows, batch_size=2, rng=rng)
+    Trainer(lm, SGD(lm.parameters(), 0.1), lm_loss, bigram_windows(8, 4, rng),
+            batch_size=2, rng=rng)  # fmt: skip
+
+    config = EncoderDecoderConfig(src_vocab_size=8, tgt_vocab_size=8, d_model=8, n_heads=2,
+                                  d_ff=8, n_encoder_layers=1, n_decoder_layers=1, max_len=4)  # fmt: skip
+    model = EncoderDecoder(config, rng=rng)
+    fits = PairDataset([np.array([4, 5, 6, 7])], [np.array([4, 5, 6])])  # <bos> + 3 = 4
+    Trainer(model, SGD(model.parameters(), 0.1), seq2seq_loss, fits, batch_size=1, rng=rng)
+    for source, target in [([4, 5, 6, 7, 4], [4]), ([4], [4, 5, 6, 7])]:
+        data = PairDataset([np.array(source)], [np.array(target)])
+        with pytest.raises(ValueError, match=r"EncoderDecoderConfig\.max_len=4.*>= 5"):
+            Trainer(model, SGD(model.parameters(), 0.1), seq2seq_loss, data, batch_size=1,
+                    rng=rng)  # fmt: skip
 
 
 def test_clipping_bounds_the_applied_gradient_norm():

@@ -32,9 +32,10 @@ import numpy as np
 
 from tinyformer._validation import describe, generator, positive_float, positive_int
 from tinyformer.checkpoint import read_checkpoint, save_checkpoint
+from tinyformer.data.batching import PairDataset
 from tinyformer.module import Module
 from tinyformer.optim import Optimizer, clip_grad_norm, grad_norm
-from tinyformer.training.batches import BatchStream, Dataset
+from tinyformer.training.batches import BatchStream, Dataset, WindowDataset
 from tinyformer.training.evaluation import EarlyStopping
 from tinyformer.training.history import History
 from tinyformer.training.objectives import Objective, StepResult
@@ -95,6 +96,30 @@ def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
     except ImportError:
         return None
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+
+def _check_data_fits(model: Module, data: object) -> None:
+    """Refuse training data longer than the model's context, naming the config field."""
+    limit = getattr(model, "max_positions", None)
+    config = getattr(model, "config", None)
+    if limit is None or config is None:  # a stand-in module: nothing to check
+        return
+    if isinstance(data, WindowDataset):
+        longest, what = data.seq_len, "windows of"
+    elif isinstance(data, PairDataset):
+        # the decoder reads <bos> + target, the encoder the source
+        longest_source = max(len(s) for s in data.sources)
+        longest = max(longest_source, max(len(t) for t in data.targets) + 1)
+        what = "sequences (source, or <bos> + target) of up to"
+    else:
+        return
+    if longest > limit:
+        field = "context_length" if hasattr(config, "context_length") else "max_len"
+        raise ValueError(
+            f"train_data has {what} {longest} tokens, longer than the model's"
+            f" {type(config).__name__}.{field}={limit}: build the model with"
+            f" {field} >= {longest}"
+        )
 
 
 class Trainer:
@@ -186,6 +211,7 @@ class Trainer:
             raise TypeError(f"progress must be a bool, got {describe(progress)}")
         if checkpoint_every is not None and checkpoint_path is None:
             raise ValueError("checkpoint_every needs a checkpoint_path")
+        _check_data_fits(model, train_data)
         self.model, self.optimizer, self.objective = model, optimizer, objective
         self.stream = BatchStream(train_data, batch_size, rng=generator(rng))
         self.clip_norm = None if clip_norm is None else positive_float(clip_norm, "clip_norm")
