@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import gc
 import json
 import os
 import platform
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _harness import THREAD_VARIABLES, cpuinfo, run_setting, time_alternately
 
 from tinyformer.blocks import EncoderBlock
 
@@ -46,20 +42,9 @@ SIZES = [
     {"batch": 32, "seq_len": 128, "d_model": 256, "n_heads": 8, "d_ff": 1024},
 ]
 DTYPES = ["float32", "float64"]
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 # ------------------------------------------------------------------ settings
-def _cpuinfo(field: str) -> str:
-    """The first value of ``field`` in /proc/cpuinfo (Linux), or an empty string."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        if line.startswith(field):
-            return line.split(":", 1)[1].strip()
-    return ""
 
 
 def _openblas_library() -> ctypes.CDLL | None:
@@ -166,12 +151,6 @@ def _make_pair(size: dict[str, int], dtype_name: str):
     return step_ours, step_theirs
 
 
-def _time(step) -> float:
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
-
-
 def run_child(repeats_small: int, repeats_large: int) -> None:
     """Time every size and dtype in this process; print one JSON line each."""
     threads = int(os.environ["OMP_NUM_THREADS"])
@@ -183,15 +162,8 @@ def run_child(repeats_small: int, repeats_large: int) -> None:
             step_ours, step_theirs = _make_pair(size, dtype_name)
             difference = float(np.abs(step_ours() - step_theirs()).max())  # also a warm-up
             step_ours(), step_theirs()
-            gc.collect()
-            times_ours, times_theirs = [], []
-            for r in range(repeats_large if large else repeats_small):
-                first, second = (
-                    (step_ours, step_theirs) if r % 2 == 0 else (step_theirs, step_ours)
-                )
-                t_first, t_second = _time(first), _time(second)
-                times_ours.append(t_first if r % 2 == 0 else t_second)
-                times_theirs.append(t_second if r % 2 == 0 else t_first)
+            repeats = repeats_large if large else repeats_small
+            times_ours, times_theirs = time_alternately(step_ours, step_theirs, repeats)
             row = {
                 "size": size,
                 "dtype": dtype_name,
@@ -206,28 +178,10 @@ def run_child(repeats_small: int, repeats_large: int) -> None:
 
 # -------------------------------------------------------------------- parent
 def _run_setting(threads: int, coretype: str | None, args: argparse.Namespace) -> list[dict]:
-    env = dict(os.environ)
-    for var in THREAD_VARIABLES:
-        env[var] = str(threads)
-    env.pop("OPENBLAS_CORETYPE", None)
-    if coretype is not None:
-        env["OPENBLAS_CORETYPE"] = coretype
-    command = [sys.executable, __file__, "--child", "--repeats", str(args.repeats)]
-    command += ["--repeats-large", str(args.repeats_large)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        if done.returncode < 0:
-            reason = f"stopped by {signal.Signals(-done.returncode).name}"
-        else:
-            reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        print(f"\nSetting failed (threads={threads}, OPENBLAS_CORETYPE={coretype}): {reason}")
-        return []
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    settings = lines[0]["settings"]
-    print(f"\nSettings: threads={threads}, OPENBLAS_CORETYPE={coretype or '(unset: default)'}")
-    for key, value in settings.items():
-        print(f"  {key}: {value}")
-    return [dict(row, coretype=coretype or "default") for row in lines[1:]]
+    child_args = ["--repeats", str(args.repeats), "--repeats-large", str(args.repeats_large)]
+    label = f"threads={threads}, OPENBLAS_CORETYPE={coretype or '(unset: default)'}"
+    rows = run_setting(__file__, child_args, threads=threads, coretype=coretype, label=label)
+    return [dict(row, coretype=coretype or "default") for row in rows]
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -268,10 +222,10 @@ def main() -> None:
     if args.child:
         run_child(args.repeats, args.repeats_large)
         return
-    flags = set(_cpuinfo("flags").split())
+    flags = set(cpuinfo("flags").split())
     print("Encoder block forward + backward: tinyformer (NumPy) vs PyTorch eager, on CPU")
     print(
-        f"CPU: {_cpuinfo('model name') or platform.machine()}, {os.cpu_count()} logical cores;"
+        f"CPU: {cpuinfo('model name') or platform.machine()}, {os.cpu_count()} logical cores;"
         f" AVX2: {'avx2' in flags}, AVX-512F: {'avx512f' in flags}"
     )
     coretypes: list[str | None] = [None]

@@ -20,16 +20,13 @@ Run ``python benchmarks/bench_kv_cache.py``; ``--quick`` takes fewer repeats,
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
+from _harness import THREAD_VARIABLES, run_setting, time_alternately
 
 from tinyformer.generation import greedy
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
@@ -45,7 +42,6 @@ MODEL = {
 PROMPT_LENGTH = 16
 NEW_TOKENS = [64, 128, 256]
 BATCHES = [1, 8]
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 try:
     from threadpoolctl import threadpool_info
@@ -74,12 +70,6 @@ def settings() -> dict[str, str]:
     return info
 
 
-def _timed(run) -> tuple[float, object]:
-    start = time.perf_counter()
-    result = run()
-    return time.perf_counter() - start, result
-
-
 def run_child(repeats: int, dtype: str) -> None:
     """Time every batch size and length in this process; print one JSON line each."""
     print(json.dumps({"settings": settings()}), flush=True)
@@ -101,19 +91,16 @@ def run_child(repeats: int, dtype: str) -> None:
                 float(np.abs(a - b).max())
                 for a, b in zip(cached.token_log_probs, uncached.token_log_probs, strict=True)
             )
-            times: dict[bool, list[float]] = {True: [], False: []}
-            for r in range(repeats):
-                for flag in (True, False) if r % 2 == 0 else (False, True):
-                    gc.collect()
-                    seconds, _ = _timed(lambda flag=flag: generate(flag))
-                    times[flag].append(seconds)
+            cached_times, uncached_times = time_alternately(
+                lambda: generate(True), lambda: generate(False), repeats, collect_each=True
+            )
             row = {
                 "batch": batch,
                 "new_tokens": new_tokens,
                 "threads": int(os.environ["OMP_NUM_THREADS"]),
                 "repeats": repeats,
-                "cached_ms": 1e3 * float(np.median(times[True])),
-                "uncached_ms": 1e3 * float(np.median(times[False])),
+                "cached_ms": 1e3 * float(np.median(cached_times)),
+                "uncached_ms": 1e3 * float(np.median(uncached_times)),
                 "same_tokens": same,
                 "max_log_prob_gap": gap,
             }
@@ -121,21 +108,8 @@ def run_child(repeats: int, dtype: str) -> None:
 
 
 def _run_setting(threads: int, args: argparse.Namespace) -> list[dict]:
-    env = dict(os.environ)
-    for var in THREAD_VARIABLES:
-        env[var] = str(threads)
-    command = [sys.executable, __file__, "--child", "--repeats", str(args.repeats)]
-    command += ["--dtype", args.dtype]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        print(f"\nSetting failed (threads={threads}): {reason}")
-        return []
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    print(f"\nSettings: threads={threads}")
-    for key, value in lines[0]["settings"].items():
-        print(f"  {key}: {value}")
-    return lines[1:]
+    child_args = ["--repeats", str(args.repeats), "--dtype", args.dtype]
+    return run_setting(__file__, child_args, threads=threads)
 
 
 def _print_table(rows: list[dict]) -> None:

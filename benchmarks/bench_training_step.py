@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import json
 import math
 import os
@@ -48,7 +47,6 @@ import platform
 import pstats
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +64,8 @@ from tinyformer.optim import AdamW
 from tinyformer.positional import sinusoidal_encoding
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_encoder_block import THREAD_VARIABLES, _cpuinfo, blas_settings
+from _harness import THREAD_VARIABLES, cpuinfo, run_setting, time_alternately
+from bench_encoder_block import blas_settings
 
 PAD, BOS = 0, 1
 DTYPES = ["float32", "float64"]
@@ -265,12 +264,6 @@ def _make_pair(family: str, dtype_name: str):
     return step_ours, step_theirs, difference
 
 
-def _time(step) -> float:
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
-
-
 def run_child(repeats: int, profile: str | None) -> None:
     """Time every family and dtype in this process; print one JSON line each."""
     threads = int(os.environ["OMP_NUM_THREADS"])
@@ -285,15 +278,7 @@ def run_child(repeats: int, profile: str | None) -> None:
             before = difference()
             for _ in range(3):  # warm-up, the same number of updates on both sides
                 step_ours(), step_theirs()
-            gc.collect()
-            times_ours, times_theirs = [], []
-            for r in range(repeats):
-                first, second = (
-                    (step_ours, step_theirs) if r % 2 == 0 else (step_theirs, step_ours)
-                )
-                t_first, t_second = _time(first), _time(second)
-                times_ours.append(t_first if r % 2 == 0 else t_second)
-                times_theirs.append(t_second if r % 2 == 0 else t_first)
+            times_ours, times_theirs = time_alternately(step_ours, step_theirs, repeats)
             row = {
                 "family": family,
                 "dtype": dtype_name,
@@ -321,24 +306,14 @@ def _profile(family: str, dtype_name: str) -> None:
 
 # -------------------------------------------------------------------- parent
 def _run_setting(threads: int, args: argparse.Namespace) -> list[dict]:
-    env = dict(os.environ)
-    for var in THREAD_VARIABLES:
-        env[var] = str(threads)
-    env.pop("OPENBLAS_CORETYPE", None)
-    command = [sys.executable, __file__, "--child", "--repeats", str(args.repeats)]
-    if args.profile:
-        command += ["--profile", args.profile]
+    child_args = ["--repeats", str(args.repeats)]
+    if args.profile:  # the profile prints straight to the terminal
+        env = dict(os.environ, **dict.fromkeys(THREAD_VARIABLES, str(threads)))
+        env.pop("OPENBLAS_CORETYPE", None)
+        command = [sys.executable, __file__, "--child", *child_args, "--profile", args.profile]
         subprocess.run(command, env=env, check=True)
         return []
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        print(f"\nSetting failed (threads={threads}):\n{done.stderr.strip()[-2000:]}")
-        return []
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    print(f"\nSettings: threads={threads}")
-    for key, value in lines[0]["settings"].items():
-        print(f"  {key}: {value}")
-    return lines[1:]
+    return run_setting(__file__, child_args, threads=threads)
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -379,7 +354,7 @@ def main() -> None:
         run_child(args.repeats, args.profile)
         return
     print("One training step (forward, cross-entropy, backward, AdamW): tinyformer vs PyTorch")
-    print(f"CPU: {_cpuinfo('model name') or platform.machine()}, {os.cpu_count()} logical cores")
+    print(f"CPU: {cpuinfo('model name') or platform.machine()}, {os.cpu_count()} logical cores")
     rows = []
     for threads in args.threads:
         rows += _run_setting(threads, args)

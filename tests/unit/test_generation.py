@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+import toy_decoders as toys
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,20 +27,6 @@ from tinyformer.models import (
     EncoderDecoderConfig,
 )
 
-
-def _load_toys():
-    name = "tinyformer_tests_toy_decoders"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("toy_decoders.py")
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
-
-
-toys = _load_toys()
 EOS = 2
 
 

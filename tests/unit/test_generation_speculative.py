@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+import toy_decoders as toys
 
 from tinyformer.generation import greedy, probabilities, speculative_decode
 from tinyformer.models import (
@@ -21,19 +19,6 @@ from tinyformer.models import (
 log = logging.getLogger(__name__)
 
 
-def _load_toys():
-    name = "tinyformer_tests_toy_decoders"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("toy_decoders.py")
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
-
-
-toys = _load_toys()
 EOS = 2
 
 

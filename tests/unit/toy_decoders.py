@@ -5,7 +5,8 @@ for the encoder-decoder, of the source), so tests can compute the exact
 distribution of any next token. The state keeps the whole history, so a wrong
 ``select`` or ``truncate`` changes the logits and shows up.
 
-Test files load this module by path (pytest runs with ``--import-mode=importlib``).
+Test files ``import toy_decoders``: pytest puts ``tests/unit`` on the path
+(``pythonpath`` in pyproject.toml).
 """
 
 from __future__ import annotations

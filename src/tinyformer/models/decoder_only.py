@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyformer._validation import describe, positive_int
+from tinyformer._validation import describe, generator, positive_int
 from tinyformer.blocks import DecoderBlock, DecoderCache
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
 from tinyformer.models._inputs import CausalMasks, check_ids, check_state
@@ -57,11 +57,7 @@ class DecoderOnlyLM(Module):
         super().__init__()
         if not isinstance(config, DecoderOnlyConfig):
             raise TypeError(f"config must be a DecoderOnlyConfig, got {type(config).__name__}")
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(
-                "rng must be a numpy.random.Generator (np.random.default_rng(seed)),"
-                f" got {type(rng).__name__}"
-            )
+        rng = generator(rng)
         c = self.config = config
         self.vocab_size = c.vocab_size
         self.max_positions = c.context_length

@@ -20,6 +20,7 @@ import copy
 
 import numpy as np
 
+from tinyformer._validation import generator
 from tinyformer.blocks import DecoderBlock, DecoderCache, EncoderBlock
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
 from tinyformer.masks import padding_mask
@@ -83,11 +84,7 @@ class EncoderDecoder(Module):
         super().__init__()
         if not isinstance(config, EncoderDecoderConfig):
             raise TypeError(f"config must be an EncoderDecoderConfig, got {type(config).__name__}")
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(
-                "rng must be a numpy.random.Generator (np.random.default_rng(seed)),"
-                f" got {type(rng).__name__}"
-            )
+        rng = generator(rng)
         c = self.config = config
         self.vocab_size = c.tgt_vocab_size
         self.max_positions = c.max_len

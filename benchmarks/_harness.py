@@ -1,0 +1,98 @@
+"""What the benchmarks share: one child process per BLAS setting, and alternating timings.
+
+BLAS reads its thread count (and OpenBLAS its kernel choice) when NumPy loads, so
+each setting runs the benchmark script again as a child with ``--child`` and the
+environment fixed. The child prints one JSON line of settings, then one JSON
+line per timed row; :func:`run_setting` collects them. Inside a child,
+:func:`time_alternately` times two contenders in alternation, so slow phases of
+a shared machine fall on both.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def cpuinfo(field: str) -> str:
+    """The first value of ``field`` in /proc/cpuinfo (Linux), or an empty string."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith(field):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def time_alternately(
+    first: Callable[[], object],
+    second: Callable[[], object],
+    repeats: int,
+    *,
+    collect_each: bool = False,
+) -> tuple[list[float], list[float]]:
+    """Seconds of ``repeats`` calls of each, swapping which runs first every repeat.
+
+    With ``collect_each`` the garbage collector runs before every call, otherwise
+    once before the loop.
+    """
+    gc.collect()
+    times: tuple[list[float], list[float]] = ([], [])
+    for r in range(repeats):
+        order = (0, 1) if r % 2 == 0 else (1, 0)
+        for i in order:
+            if collect_each:
+                gc.collect()
+            start = time.perf_counter()
+            (first, second)[i]()
+            times[i].append(time.perf_counter() - start)
+    return times
+
+
+def run_setting(
+    script: str,
+    child_args: Sequence[str],
+    *,
+    threads: int,
+    coretype: str | None = None,
+    label: str | None = None,
+) -> list[dict]:
+    """Run ``script --child *child_args`` with ``threads`` BLAS threads; return its rows.
+
+    ``OPENBLAS_CORETYPE`` is set to ``coretype``, or removed so that OpenBLAS
+    chooses its kernels itself. The child's settings are printed under
+    ``label``; a child that fails is reported (with its signal or last line of
+    error output) and gives no rows.
+    """
+    label = label or f"threads={threads}"
+    env = dict(os.environ)
+    for var in THREAD_VARIABLES:
+        env[var] = str(threads)
+    env.pop("OPENBLAS_CORETYPE", None)
+    if coretype is not None:
+        env["OPENBLAS_CORETYPE"] = coretype
+    command = [sys.executable, script, "--child", *child_args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        if done.returncode < 0:
+            reason = f"stopped by {signal.Signals(-done.returncode).name}"
+        else:
+            reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        print(f"\nSetting failed ({label}): {reason}")
+        return []
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    print(f"\nSettings: {label}")
+    for key, value in lines[0]["settings"].items():
+        print(f"  {key}: {value}")
+    return lines[1:]
