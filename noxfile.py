@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import time
 from pathlib import Path
 
 import nox
@@ -20,7 +20,9 @@ nox.options.sessions = ["lint", "tests", "docs"]
 
 ROOT = Path(__file__).resolve().parent
 DOCS = ROOT / "docs"
-BUILD = DOCS / "_build"
+# BOOK_BUILD moves the build (HTML, caches, screenshots) elsewhere, e.g. for a second
+# build of the same tree at the same time; docs/conf.py reads it too.
+BUILD = Path(os.environ.get("BOOK_BUILD", DOCS / "_build")).resolve()
 HTML = BUILD / "html"
 FIGURES = DOCS / "_static" / "figures"
 SCRIPTS = ROOT / "scripts"
@@ -28,7 +30,11 @@ PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 
 # Fixed settings for the processes a session starts: deterministic hashing and
 # file dates, and (for scripts and tests) matplotlib's file-only backend.
-ENV = {"PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": "0"}
+# The book's training runs are stored in STORE (see tinyformer.experiments.store), shared by
+# the tests, the figure scripts and the chapters (and by builds into another BOOK_BUILD: the
+# store is safe for concurrent use), and computed once per version of the package.
+STORE = Path(os.environ.get("TINYFORMER_STORE", DOCS / "_build" / "experiments")).resolve()
+ENV = {"PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": "0", "TINYFORMER_STORE": str(STORE)}
 SCRIPT_ENV = {**ENV, "MPLBACKEND": "Agg"}
 
 
@@ -43,15 +49,24 @@ def _install_package(session: nox.Session, *groups: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite with a coverage report for src/ (reference tests skip without torch)."""
+    """Run the test suite in parallel with a coverage report for src/ (reference tests skip without torch).
+
+    The book's training runs come from the experiment store the book's build
+    uses: computed here first (two at a time) if this version of the package
+    has not stored them yet.
+    """
     _install_package(session, "test")
+    offset = _precompute_runs(session)
     session.run(
         "pytest",
+        "--numprocesses",
+        "auto",
         "--cov=tinyformer",
         "--cov-report=term-missing:skip-covered",
         *session.posargs,
         env=SCRIPT_ENV,
     )
+    _report_runs(session, offset)
 
 
 @nox.session(venv_backend="virtualenv")
@@ -61,41 +76,59 @@ def reference(session: nox.Session) -> None:
     session.run("pytest", "-m", "reference", *session.posargs, env=SCRIPT_ENV)
 
 
-def _make_figures(session: nox.Session) -> None:
-    """Run every ``scripts/fig_*.py`` into a fresh folder, then make FIGURES match it.
+def _make_figures(session: nox.Session, *, force: bool = False) -> None:
+    """Bring docs/_static/figures up to date with ``scripts/fig_*.py`` (see scripts/make_figures.py).
 
-    Starting from an empty folder means a figure that a page uses but no script
-    makes is missing, and the strict build fails on it. Files whose bytes did not
-    change are left untouched, so Sphinx does not re-read the pages that show them.
+    All scripts run in one Python process; a script runs only when its source,
+    the package or a library version changed since it last ran (unless
+    ``force``). Files whose bytes did not change are left untouched, so Sphinx
+    does not re-read the pages that show them.
     """
-    scripts = sorted(SCRIPTS.glob("fig_*.py"))
-    if not scripts:
-        session.error(f"no figure scripts found in {SCRIPTS}")
-    fresh = BUILD / "figures-fresh"
-    shutil.rmtree(fresh, ignore_errors=True)
-    fresh.mkdir(parents=True)
-    for script in scripts:
-        session.run("python", str(script), "--out-dir", str(fresh), env=SCRIPT_ENV)
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    made = {path.name for path in fresh.iterdir()}
-    for old in FIGURES.iterdir():
-        if old.name not in made:
-            old.unlink()
-    changed = 0
-    for name in sorted(made):
-        new, target = fresh / name, FIGURES / name
-        if not target.is_file() or target.read_bytes() != new.read_bytes():
-            shutil.copyfile(new, target)
-            changed += 1
-    shutil.rmtree(fresh)
-    session.log(f"{len(scripts)} figure scripts made {len(made)} files ({changed} changed)")
+    command = ["python", str(SCRIPTS / "make_figures.py"), "--out-dir", str(FIGURES)]
+    command += ["--stamps", str(BUILD / "figure-stamps")]
+    session.run(*command, *(["--force"] if force else []), env=SCRIPT_ENV)
 
 
 @nox.session
 def figures(session: nox.Session) -> None:
-    """Regenerate every figure under docs/_static/figures from scripts/."""
+    """Regenerate every figure under docs/_static/figures from scripts/ (all of them, always)."""
     _install_package(session, "figures")
-    _make_figures(session)
+    _make_figures(session, force=True)
+
+
+def _precompute_runs(session: nox.Session) -> int:
+    """Compute (or load) every training run the book shows, two at a time, before anything reads them.
+
+    Returns where the experiment store's log ended before, for :func:`_report_runs`.
+    """
+    log = STORE / "log.txt"
+    offset = log.stat().st_size if log.is_file() else 0
+    session.run(
+        "python", "-m", "tinyformer.experiments", "--book", "--jobs", "2", "--prune", env=ENV
+    )
+    return offset
+
+
+def _report_runs(session: nox.Session, offset: int) -> None:
+    """Print what the experiment store did in this session: each run computed at most once."""
+    log = STORE / "log.txt"
+    if not log.is_file():
+        return
+    with log.open(encoding="utf-8") as file:
+        file.seek(offset)
+        lines = file.read().splitlines()
+    computed = [line for line in lines if " computed " in line]
+    session.log(
+        f"experiment store: {len(computed)} run(s) computed, "
+        f"{sum(' loaded ' in line for line in lines)} load(s), "
+        f"{sum(' discarded ' in line for line in lines)} discarded"
+    )
+    for line in lines:
+        session.log(f"  {line}")
+    names = [line.split("[", 1)[1].split("]", 1)[0] for line in computed]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        session.error(f"runs computed more than once in one build: {twice}")
 
 
 def _kernel_quiet(session: nox.Session) -> None:
@@ -140,8 +173,17 @@ def docs(session: nox.Session) -> None:
     """
     _install_package(session, "docs")
     _kernel_quiet(session)
+    times = {}
+    started = time.perf_counter()
+    offset = _precompute_runs(session)
+    times["training runs"], started = time.perf_counter() - started, time.perf_counter()
     _make_figures(session)
+    times["figures"], started = time.perf_counter() - started, time.perf_counter()
     _sphinx(session, "html", HTML, *session.posargs)
+    times["sphinx"] = time.perf_counter() - started
+    _report_runs(session, offset)
+    # benchmarks/bench_build.py reads this line
+    session.log("timing: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in times.items()))
     session.log(f"The book is in {HTML / 'index.html'}")
 
 

@@ -9,15 +9,19 @@ renders with a local copy of MathJax and no inventory is fetched.
 
 from __future__ import annotations
 
-import hashlib
+import os
 import shutil
 import sys
 from pathlib import Path
 
 from jupyter_cache import get_cache
 
+from tinyformer.experiments import source_digest
+
 DOCS = Path(__file__).resolve().parent
 SRC = DOCS.parent / "src" / "tinyformer"
+# The build folder (``nox -s docs`` sets BOOK_BUILD when it is not docs/_build).
+BUILD = Path(os.environ.get("BOOK_BUILD", DOCS / "_build")).resolve()
 sys.path.insert(0, str(DOCS / "_ext"))
 
 # -- Project -------------------------------------------------------------------
@@ -32,6 +36,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
     "local_mathjax",  # serves MathJax from _static/mathjax: no CDN
+    "build_report",  # writes build-report.json: phases, pages read and executed
     "sphinx_design",
     "sphinx_copybutton",
     "sphinxcontrib.bibtex",
@@ -73,23 +78,14 @@ nb_output_stderr = "warn"
 nb_execution_excludepatterns: list[str] = []
 
 
-def _source_digest() -> str:
-    """Hash of every file of the tinyformer package (names and contents)."""
-    digest = hashlib.sha256()
-    for path in sorted(SRC.rglob("*.py")):
-        digest.update(path.relative_to(SRC).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
 def _execution_cache() -> str:
     """Create the cache for this version of the package and drop caches of older ones.
 
     Creating the jupyter-cache database here, before Sphinx starts parallel
     workers, stops two workers from creating it at the same moment.
     """
-    root = DOCS / "_build" / ".jupyter_cache"
-    current = root / _source_digest()
+    root = BUILD / ".jupyter_cache"
+    current = root / source_digest()
     if root.is_dir():
         for old in root.iterdir():
             if old != current and old.is_dir():
@@ -109,7 +105,11 @@ napoleon_numpy_docstring = True
 napoleon_use_rtype = False
 
 # -- Bibliography --------------------------------------------------------------
-bibtex_bibfiles = ["references.bib"]
+# references.bib, plus one file per chapter under bib/ (keys must be unique across all).
+bibtex_bibfiles = [
+    "references.bib",
+    *sorted(path.relative_to(DOCS).as_posix() for path in (DOCS / "bib").glob("*.bib")),
+]
 bibtex_default_style = "plain"
 bibtex_reference_style = "author_year"
 

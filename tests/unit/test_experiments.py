@@ -7,15 +7,17 @@ import functools
 import numpy as np
 import pytest
 
-from tinyformer import experiments
 from tinyformer.data import EOS_ID, PairDataset
 from tinyformer.experiments import (
     exact_match,
     markov_lm,
     per_position_loss,
+    registry,
     reversal,
     reversal_data,
+    run,
 )
+from tinyformer.experiments.cli import main
 from tinyformer.generation import greedy
 from tinyformer.training import WindowDataset, lm_loss
 
@@ -27,6 +29,7 @@ TINY_MARKOV = {
     "vocab_size": 6, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1,
     "context_length": 12, "batch_size": 8, "max_steps": 12, "warmup_steps": 3,
     "n_train_windows": 64, "n_validation_windows": 16, "n_heldout_windows": 32, "eval_every": 5,
+    "dtype": "float64",
 }  # fmt: skip
 
 
@@ -120,9 +123,12 @@ def test_per_position_loss_averages_to_the_lm_loss(tiny_markov, rng):
 
 
 def test_entry_point_prints_both_results(monkeypatch, capsys):
-    monkeypatch.setattr(experiments, "reversal", functools.partial(reversal, **TINY_REVERSAL))
-    monkeypatch.setattr(experiments, "markov_lm", functools.partial(markov_lm, **TINY_MARKOV))
-    assert experiments.main(["--seed", "2"]) == 0
+    tiny_reversal = functools.partial(reversal, **TINY_REVERSAL)
+    monkeypatch.setitem(registry.EXPERIMENTS, "reversal", tiny_reversal)
+    monkeypatch.setitem(
+        registry.EXPERIMENTS, "markov_lm", functools.partial(markov_lm, **TINY_MARKOV)
+    )
+    assert main(["--seed", "2", "--no-store"]) in (0, 1)  # tiny models need not meet the goals
     out = capsys.readouterr().out
     assert "reversal (seed 2)" in out
     assert "heldout_exact_match" in out
@@ -141,9 +147,12 @@ def test_experiments_reject_bad_arguments():
 
 
 # -------------------------------------------------------------- slow: the book's results
+# These are the book's own runs, from the experiment store that the book's build shares
+# ($TINYFORMER_STORE, set by nox): trained here only if this version of the package has
+# not stored them yet, so each trains once whichever of tests, figures and chapters asks first.
 @pytest.mark.slow
 def test_reversal_reaches_99_percent_exact_match_on_heldout_sources():
-    result = reversal(seed=0)
+    result = run("reversal", seed=0)
     assert result.metrics["heldout_in_training"] == 0
     assert result.metrics["heldout_size"] == 1000
     assert result.metrics["heldout_exact_match"] >= 0.99
@@ -151,6 +160,6 @@ def test_reversal_reaches_99_percent_exact_match_on_heldout_sources():
 
 @pytest.mark.slow
 def test_markov_lm_comes_within_3_percent_of_the_entropy_rate():
-    result = markov_lm(seed=0)
+    result = run("markov_lm", seed=0)
     assert result.metrics["excess_over_entropy_rate"] < 0.03
     assert result.metrics["loss_all_positions"] >= result.metrics["optimal_all_positions"] - 0.02

@@ -1,0 +1,29 @@
+"""The book's experiments by name, and the runs the book reports.
+
+:data:`EXPERIMENTS` maps a name to the function that runs it;
+:class:`~tinyformer.experiments.store.ExperimentStore` runs and stores them by
+name. :data:`BOOK_RUNS` lists the runs (name and arguments) whose results the
+book shows: ``python -m tinyformer.experiments --book`` computes all of them,
+in parallel, before a build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tinyformer.experiments.markov_lm import markov_lm
+from tinyformer.experiments.result import ExperimentResult
+from tinyformer.experiments.reversal import reversal
+
+__all__ = ["BOOK_RUNS", "EXPERIMENTS"]
+
+EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
+    "reversal": reversal,
+    "markov_lm": markov_lm,
+}
+
+BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("reversal", {"seed": 0}),
+    ("markov_lm", {"seed": 0}),
+)

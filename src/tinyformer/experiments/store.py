@@ -1,0 +1,322 @@
+"""A store of experiment results on disk: each run is computed once and shared by all who ask.
+
+A chapter, a figure script and a test that ask for the same run (the same
+experiment with the same arguments) get the same stored result: the first one
+to ask trains it, every later one loads it. Results live in a folder named by
+the digest of the package's own source and the NumPy version, so any change to
+``tinyformer`` makes every stored result unreachable and they are computed
+again: nothing stale is ever returned.
+
+Each result is one checkpoint (:mod:`tinyformer.checkpoint`: the trained
+weights, the history, and the configuration and metrics as extra values) plus
+a small JSON manifest holding the SHA-256 of the whole checkpoint file. A
+result whose file is missing, truncated or changed in any byte fails that
+check (or the checkpoint's own), is discarded and computed again, and the store
+says so in its log. Files are written to a temporary name and renamed, so an
+interrupted run leaves no half-written result; an exclusive lock per run
+(``fcntl.flock``) makes a second process that asks for a run being computed
+wait for it instead of computing it again.
+
+Every action (computed, loaded, discarded) is logged to the logger
+``tinyformer.experiments`` at INFO level and appended to ``log.txt`` in the
+store's root, which is how a build shows that each run executed once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tinyformer._validation import describe
+from tinyformer.checkpoint import read_checkpoint, save_checkpoint
+from tinyformer.experiments.result import ExperimentResult
+from tinyformer.models import (
+    DecoderOnlyConfig,
+    DecoderOnlyLM,
+    EncoderDecoder,
+    EncoderDecoderConfig,
+)
+from tinyformer.training import History
+
+try:  # POSIX; elsewhere runs are not locked (two processes may both compute one run)
+    import fcntl
+except ImportError:  # pragma: no cover - depends on the platform
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["STORE_ENV", "ExperimentStore", "default_store", "source_digest"]
+
+STORE_ENV = "TINYFORMER_STORE"
+"""Environment variable naming the folder of the default store."""
+
+_PACKAGE = Path(__file__).resolve().parent.parent
+_MODELS = {
+    "EncoderDecoder": (EncoderDecoder, EncoderDecoderConfig),
+    "DecoderOnlyLM": (DecoderOnlyLM, DecoderOnlyConfig),
+}
+_NOT_KEYED = frozenset({"progress"})  # arguments that do not change a run's result
+logger = logging.getLogger("tinyformer.experiments")
+
+
+def source_digest() -> str:
+    """SHA-256 (first 16 hex digits) of every ``.py`` file of the package, names and contents."""
+    digest = hashlib.sha256()
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        digest.update(path.relative_to(_PACKAGE).as_posix().encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def default_store() -> ExperimentStore:
+    """The store in ``$TINYFORMER_STORE``, or else in ``~/.cache/tinyformer/experiments``."""
+    root = os.environ.get(STORE_ENV) or Path.home() / ".cache" / "tinyformer" / "experiments"
+    return ExperimentStore(root)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        Path(temp).replace(path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _in_use(folder: Path) -> bool:
+    """Whether another process holds the lock of a run in ``folder``."""
+    if fcntl is None:  # pragma: no cover - depends on the platform
+        return False
+    for lock in folder.glob("*.lock"):
+        with lock.open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+class ExperimentStore:
+    """Results of the book's experiments on disk, keyed by package source, experiment and arguments.
+
+    Parameters
+    ----------
+    root : str or path-like
+        The store's folder (created when needed). Results of this version of
+        the package go into ``root/tinyformer-<source digest>-numpy-<version>/``.
+    experiments : dict of str to callable, optional
+        The experiments it can run, by name; by default
+        :data:`tinyformer.experiments.registry.EXPERIMENTS`.
+
+    Examples
+    --------
+    >>> store = ExperimentStore("/tmp/tinyformer-store")  # doctest: +SKIP
+    >>> result = store.run("reversal", seed=0)  # trains once, then loads  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        experiments: dict[str, Callable[..., ExperimentResult]] | None = None,
+    ) -> None:
+        if not isinstance(root, str | os.PathLike):
+            raise TypeError(f"root must be a str or path-like, got {describe(root)}")
+        if experiments is None:
+            from tinyformer.experiments.registry import EXPERIMENTS  # noqa: PLC0415 (cycle)
+
+            experiments = EXPERIMENTS
+        self.root = Path(root)
+        self.experiments = dict(experiments)
+
+    def __repr__(self) -> str:
+        return f"ExperimentStore({str(self.root)!r})"
+
+    @property
+    def folder(self) -> Path:
+        """The folder of this package version's results."""
+        return self.root / f"tinyformer-{source_digest()}-numpy-{np.__version__}"
+
+    # ------------------------------------------------------------------ keys
+    def arguments(self, name: str, **params: Any) -> dict[str, Any]:
+        """The run's full arguments: ``params`` with every default filled in (what the key hashes)."""
+        function = self._experiment(name)
+        try:
+            bound = inspect.signature(function).bind(**params)
+        except TypeError as err:
+            raise TypeError(f"experiment {name!r}: {err}") from None
+        bound.apply_defaults()
+        arguments = {k: v for k, v in bound.arguments.items() if k not in _NOT_KEYED}
+        try:
+            return json.loads(json.dumps(arguments, sort_keys=True, allow_nan=False))
+        except (TypeError, ValueError) as err:
+            raise TypeError(
+                f"experiment {name!r}: arguments must be plain numbers, strings and booleans"
+                f" ({err})"
+            ) from None
+
+    def key(self, name: str, **params: Any) -> str:
+        """16 hex digits naming one run: its experiment and full arguments."""
+        text = json.dumps({"experiment": name, "arguments": self.arguments(name, **params)})
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def paths(self, name: str, **params: Any) -> tuple[Path, Path]:
+        """The run's checkpoint file and its manifest."""
+        stem = self.folder / f"{name}-{self.key(name, **params)}"
+        return stem.with_suffix(".npz"), stem.with_suffix(".json")
+
+    def contains(self, name: str, **params: Any) -> bool:
+        """Whether a complete result of this run is stored (its files are not verified here)."""
+        return all(path.is_file() for path in self.paths(name, **params))
+
+    # ------------------------------------------------------------------ runs
+    def run(self, name: str, *, progress: bool = False, **params: Any) -> ExperimentResult:
+        """The result of ``experiments[name](**params)``: loaded when stored, else computed and stored.
+
+        Parameters
+        ----------
+        name : str
+            An experiment of the store (``"reversal"``, ``"markov_lm"``, ...).
+        progress : bool
+            Show a progress bar if the run has to be computed.
+        **params
+            The experiment's arguments (``seed=...`` and any other); omitted
+            ones take the experiment's defaults, so ``run("reversal")`` and
+            ``run("reversal", seed=0)`` are the same run.
+
+        Returns
+        -------
+        ExperimentResult
+            Always as read back from the store, so the first caller and every
+            later one get identical results.
+        """
+        arguments = self.arguments(name, **params)
+        checkpoint, manifest = self.paths(name, **params)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self._lock(checkpoint.with_suffix(".lock")):
+            if checkpoint.is_file() or manifest.is_file():
+                try:
+                    result = self._load(checkpoint, manifest)
+                except (OSError, ValueError, KeyError, TypeError) as err:
+                    self._log("discarded", name, checkpoint, f"(unreadable or corrupted: {err})")
+                    checkpoint.unlink(missing_ok=True)
+                    manifest.unlink(missing_ok=True)
+                else:
+                    self._log("loaded", name, checkpoint)
+                    return result
+            started = time.perf_counter()
+            fresh = self._experiment(name)(**arguments, progress=progress)
+            self._save(fresh, arguments, checkpoint, manifest)
+            self._log("computed", name, checkpoint, f"in {time.perf_counter() - started:.1f} s")
+            return self._load(checkpoint, manifest)
+
+    def prune(self) -> list[Path]:
+        """Delete the results of other package versions; returns the folders removed.
+
+        A folder in which a run is being computed right now (its lock is held)
+        is left alone, so pruning never pulls a folder from under another build.
+        """
+        removed = []
+        if self.root.is_dir():
+            for folder in sorted(self.root.glob("tinyformer-*")):
+                if not folder.is_dir() or folder == self.folder or _in_use(folder):
+                    continue
+                for path in folder.iterdir():
+                    path.unlink()
+                folder.rmdir()
+                removed.append(folder)
+        return removed
+
+    # -------------------------------------------------------------- internals
+    def _experiment(self, name: str) -> Callable[..., ExperimentResult]:
+        if not isinstance(name, str) or name not in self.experiments:
+            raise ValueError(
+                f"name must be one of the experiments {sorted(self.experiments)}, got {name!r}"
+            )
+        return self.experiments[name]
+
+    @contextlib.contextmanager
+    def _lock(self, path: Path) -> Iterator[None]:
+        with path.open("a") as handle:
+            if fcntl is not None:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                if fcntl is not None:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _save(
+        self, result: ExperimentResult, arguments: dict[str, Any], checkpoint: Path, manifest: Path
+    ) -> None:
+        extra = {
+            "experiment": result.name,
+            "seed": result.seed,
+            "config": result.config,
+            "metrics": result.metrics,
+            "wall_time": result.wall_time,
+        }
+        save_checkpoint(checkpoint, result.model, history=result.history, extra=extra)
+        record = {
+            "experiment": result.name,
+            "arguments": arguments,
+            "sha256": _file_sha256(checkpoint),
+            "package": source_digest(),
+            "numpy": np.__version__,
+            "wall_time": result.wall_time,
+        }
+        _write_atomically(manifest, json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+    def _load(self, checkpoint: Path, manifest: Path) -> ExperimentResult:
+        if not manifest.is_file():
+            raise ValueError(f"{manifest.name} is missing (an interrupted run?)")
+        record = json.loads(manifest.read_text(encoding="utf-8"))
+        if not checkpoint.is_file():
+            raise ValueError(f"{checkpoint.name} is missing")
+        if _file_sha256(checkpoint) != record["sha256"]:
+            raise ValueError(f"{checkpoint.name} does not match the SHA-256 of its manifest")
+        stored = read_checkpoint(checkpoint)
+        model_class, config_class = _MODELS[stored.metadata["model"]["class"]]
+        model = model_class(config_class.from_dict(stored.config), rng=np.random.default_rng(0))
+        stored.restore(model)
+        model.eval()
+        extra = stored.extra
+        history = History.from_dict(stored.history)
+        return ExperimentResult(
+            extra["experiment"],
+            extra["seed"],
+            extra["config"],
+            history,
+            extra["metrics"],
+            extra["wall_time"],
+            model,
+        )
+
+    def _log(self, action: str, name: str, checkpoint: Path, detail: str = "") -> None:
+        line = f"{action} {name} [{checkpoint.stem}] {detail}".rstrip()
+        logger.info("experiment store: %s", line)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        with (self.root / "log.txt").open("a", encoding="utf-8") as log:
+            log.write(f"{stamp} pid {os.getpid()} {line}\n")
