@@ -179,8 +179,11 @@ def test_two_workers_asking_at_once_train_the_run_once(store, experiments):
     assert_same_result(results[0], results[2], same_run=True)
 
 
-def test_two_processes_asking_at_once_train_the_run_once(store):
-    context = multiprocessing.get_context("fork")  # the child inherits the tiny experiments
+def test_two_processes_asking_at_once_train_the_run_once(tmp_path):
+    # spawned processes (as Sphinx's parallel workers are separate processes): the store and
+    # its experiment travel by pickling, so the experiment is a plain partial here
+    store = ExperimentStore(tmp_path, {"lm": functools.partial(markov_lm, **TINY_MARKOV)})
+    context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=store.run, args=("lm",), kwargs={"seed": 6}) for _ in "ab"]
     for worker in workers:
         worker.start()

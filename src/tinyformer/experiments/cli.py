@@ -10,8 +10,11 @@ which is what ``nox -s docs`` does before Sphinx starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
+import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
@@ -20,6 +23,8 @@ from tinyformer.experiments.result import ExperimentResult
 from tinyformer.experiments.store import ExperimentStore, default_store
 
 __all__ = ["main"]
+
+_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,20 +93,49 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(f"removed stale results: {folder}\n")
     root = None if store is None else str(store.root)
     runs = _runs(args)
+    # Runs already stored are loaded here; only those to train go to other processes.
+    stored = [run for run in runs if store is not None and store.contains(run[0], **run[1])]
+    to_train = [run for run in runs if run not in stored]
+    serial = stored if args.jobs > 1 and len(to_train) > 1 else runs
     failed = 0
-    if args.jobs == 1 or len(runs) == 1:
-        reports = (_report(name, params, root, args.progress) for name, params in runs)
-        for text, ok in reports:
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
-            failed += not ok
-        return int(failed > 0)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(args.jobs, len(runs)), mp_context=context) as pool:
-        futures = [pool.submit(_report, name, params, root, False) for name, params in runs]
-        for future in as_completed(futures):
-            text, ok = future.result()
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
-            failed += not ok
+    for name, params in serial:
+        text, ok = _report(name, params, root, args.progress)
+        failed += _print(text, ok)
+    if serial is stored:
+        context = multiprocessing.get_context("spawn")
+        with (
+            _one_blas_thread(),
+            ProcessPoolExecutor(min(args.jobs, len(to_train)), mp_context=context) as pool,
+        ):
+            futures = [
+                pool.submit(_report, name, params, root, False) for name, params in to_train
+            ]
+            for future in as_completed(futures):
+                failed += _print(*future.result())
     return int(failed > 0)
+
+
+@contextlib.contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    """Start worker processes with one BLAS thread each: ``jobs`` runs share the cores.
+
+    Without this, each worker's BLAS starts a thread per core, and on a busy
+    machine their spinning threads take the cores from each other's work.
+    """
+    saved = {name: os.environ.get(name) for name in _THREAD_VARIABLES}
+    os.environ.update(dict.fromkeys(_THREAD_VARIABLES, "1"))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _print(text: str, ok: bool) -> int:
+    """Print one report at once; 1 if its requirement is not met."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    return int(not ok)
