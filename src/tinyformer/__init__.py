@@ -9,6 +9,7 @@ bottom up (each uses only those above it):
   :class:`~tinyformer.module.Module`
 - :mod:`tinyformer.layers`, :mod:`tinyformer.norm`, :mod:`tinyformer.feedforward`:
   linear and embedding layers, dropout, LayerNorm and RMSNorm, feed-forward networks
+- :mod:`tinyformer.rnn`: an Elman recurrent layer, to measure what attention replaced
 - :mod:`tinyformer.positional`: sinusoidal, learned and rotary positions
 - :mod:`tinyformer.masks`: boolean attention masks (True where a query may attend)
 - :mod:`tinyformer.attention`: scaled dot-product attention and its backward pass
@@ -24,7 +25,8 @@ bottom up (each uses only those above it):
 - :mod:`tinyformer.training`, :mod:`tinyformer.checkpoint`: the training loop, its history,
   and checkpoints that resume exactly
 - :mod:`tinyformer.generation`: greedy, beam search, sampling and speculative decoding
-- :mod:`tinyformer.experiments`: the book's training runs, deterministic from a seed
+- :mod:`tinyformer.experiments`: the book's training runs, deterministic from a seed, and
+  the store that computes each of them once and shares it
 - :mod:`tinyformer.analysis`: measurements the book makes of attention
 - :mod:`tinyformer.viz`: plotting helpers for the book's figures (needs matplotlib)
 """
