@@ -5,10 +5,10 @@ Each experiment builds its data, model and optimizer from one seed, trains with
 :class:`~tinyformer.experiments.result.ExperimentResult` (configuration, history,
 final metrics, wall time, the trained model). Same seed, same numbers.
 
-- :func:`~tinyformer.experiments.reversal.reversal`: an encoder-decoder learns to
+- :func:`~tinyformer.experiments.reverse.reversal`: an encoder-decoder learns to
   reverse strings of 1 to 8 symbols; greedy decoding must reproduce at least 99%
   of 1,000 held-out sources exactly.
-- :func:`~tinyformer.experiments.markov_lm.markov_lm`: a decoder-only model learns
+- :func:`~tinyformer.experiments.markov.markov_lm`: a decoder-only model learns
   a random second-order Markov source; its held-out cross-entropy must come within
   3% of the source's entropy rate :math:`H`, the lowest loss any model can reach.
 
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyformer.experiments.markov_lm import markov_lm, per_position_loss
+from tinyformer.experiments.markov import markov_lm, per_position_loss
 from tinyformer.experiments.registry import BOOK_RUNS, EXPERIMENTS
 from tinyformer.experiments.result import ExperimentResult
-from tinyformer.experiments.reversal import exact_match, reversal, reversal_data
+from tinyformer.experiments.reverse import exact_match, reversal, reversal_data
 from tinyformer.experiments.store import STORE_ENV, ExperimentStore, default_store, source_digest
 
 __all__ = [

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tinyformer.experiments.markov_lm import markov_lm
+from tinyformer.experiments.markov import markov_lm
 from tinyformer.experiments.result import ExperimentResult
-from tinyformer.experiments.reversal import reversal
+from tinyformer.experiments.reverse import reversal
 
 __all__ = ["BOOK_RUNS", "EXPERIMENTS"]
 
@@ -22,8 +22,10 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "reversal": reversal,
     "markov_lm": markov_lm,
 }
+"""Every experiment by name: the function that runs it from its keyword arguments."""
 
 BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("reversal", {"seed": 0}),
     ("markov_lm", {"seed": 0}),
 )
+"""The runs whose results the book shows, as ``(name, arguments)``; computed before a build."""
