@@ -22,7 +22,7 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "reversal": reversal,
     "markov_lm": markov_lm,
 }
-"""Every experiment by name: the function that runs it from its keyword arguments."""
+"""Every experiment by name, mapped to the function that runs it from keyword arguments."""
 
 BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("reversal", {"seed": 0}),
