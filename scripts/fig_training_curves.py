@@ -41,7 +41,7 @@ def main() -> None:
     ax_acc.set_ylabel("exact match")
     ax_acc.spines["right"].set_visible(True)
     lines = ax_rev.get_lines() + ax_acc.get_lines()
-    ax_rev.legend(lines, [line.get_label() for line in lines], loc="center right", fontsize=8)
+    ax_rev.legend(lines, [line.get_label() for line in lines], loc="lower left", fontsize=8)
 
     h = markov.metrics["entropy_rate"]
     ax_lm.plot(

@@ -34,12 +34,12 @@ _GELU_TANH_CUBIC = 0.044715
 
 
 def _erf_taylor_table(step: float, z_max: float, degree: int) -> np.ndarray:
-    r"""Taylor coefficients of erf about the grid points :math:`z_j = j\,	ext{step}`.
+    r"""Taylor coefficients of erf about the grid points :math:`z_j = j\,\text{step}`.
 
     Row ``k`` holds :math:`\operatorname{erf}^{(k)}(z_j) / k!` for every grid point
     ``j``. The value comes from :func:`math.erf`; the derivatives from
-    :math:`\operatorname{erf}^{(n+1)}(z) = 	frac{2}{\sqrt\pi}(-1)^n H_n(z)\,e^{-z^2}`
-    with the Hermite polynomials :math:`H_0 = 1,\ H_1 = 2z,    H_{n+1} = 2z H_n - 2n H_{n-1}`.
+    :math:`\operatorname{erf}^{(n+1)}(z) = \frac{2}{\sqrt\pi}(-1)^n H_n(z)\,e^{-z^2}`
+    with the Hermite polynomials :math:`H_0 = 1,\ H_1 = 2z,\ H_{n+1} = 2z H_n - 2n H_{n-1}`.
     """
     z0 = np.arange(round(z_max / step) + 1) * step  # (J,)
     table = np.empty((degree + 1, z0.size))

@@ -74,6 +74,7 @@ def test_forced_runs_give_byte_identical_files(runner, tree, capsys):
     make(runner, tree, capsys)
     first = {p.name: p.read_bytes() for p in figures.iterdir()}
     code, out = make(runner, tree, capsys, "--force")
+    assert code == 0
     assert "2 of 2 scripts ran" in out
     assert "0 file(s) changed" in out
     assert {p.name: p.read_bytes() for p in figures.iterdir()} == first
@@ -86,6 +87,7 @@ def test_a_damaged_or_missing_output_makes_its_script_run_again(runner, tree, ca
     (figures / "one.png").write_bytes(b"not a png")
     (figures / "two.png").unlink()
     code, out = make(runner, tree, capsys)
+    assert code == 0
     assert "2 of 2 scripts ran" in out
     assert (figures / "one.png").read_bytes() == good
     assert (figures / "two.png").is_file()
@@ -97,13 +99,16 @@ def test_a_figure_no_script_makes_is_removed(runner, tree, capsys):
     (scripts / "fig_two.py").unlink()
     (figures / "stray.png").write_bytes(b"x")
     code, out = make(runner, tree, capsys)
+    assert code == 0
     assert sorted(p.name for p in figures.iterdir()) == ["one.png"]
     assert "removed two.png" in out
 
 
 def test_a_failing_script_fails_the_run_and_is_named(runner, tree, capsys):
     scripts, _, stamps = tree
-    (scripts / "fig_two.py").write_text("def main():\n    raise RuntimeError('broken on purpose')\n")
+    (scripts / "fig_two.py").write_text(
+        "def main():\n    raise RuntimeError('broken on purpose')\n"
+    )
     code, out = make(runner, tree, capsys)
     assert code == 1
     assert "figure script fig_two.py failed" in out

@@ -14,6 +14,12 @@ the special tokens, the same in every vocabulary of the book:
 
 The symbols of the base alphabet follow, in order, and then (for
 :class:`~tinyformer.data.tokenizers.BPETokenizer`) the merged tokens in the order they were learned.
+
+Three granularities share this layout: :class:`~tinyformer.data.tokenizers.CharTokenizer`
+(one token per character), :class:`~tinyformer.data.tokenizers.WordTokenizer` (one token
+per word or punctuation mark) and :class:`~tinyformer.data.tokenizers.BPETokenizer`
+(subwords learned by merging pairs, with the WordPiece merge score and the
+SentencePiece-style space symbol as options).
 """
 
 from __future__ import annotations
@@ -23,21 +29,25 @@ import itertools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from tinyformer._validation import describe, positive_int, token_ids
+from tinyformer._validation import describe, one_of, positive_int, token_ids
 
 __all__ = [
     "BOS_ID",
     "EOS_ID",
     "N_SPECIAL",
     "PAD_ID",
+    "SPACE_SYMBOL",
     "SPECIAL_TOKENS",
     "UNK_ID",
     "BPETokenizer",
     "CharTokenizer",
+    "MergeStep",
     "Tokenizer",
+    "WordTokenizer",
 ]
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -45,6 +55,10 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 N_SPECIAL = len(SPECIAL_TOKENS)
 UNKNOWN_CHAR = "\ufffd"  # how decode shows <unk>: the Unicode replacement character
 _UNKNOWN_POLICIES = ("unk", "raise")
+#: The character that stands for a space with ``pretokenize="metaspace"`` (U+2581).
+SPACE_SYMBOL = "\u2581"
+MERGE_SCORES = ("frequency", "wordpiece")
+PRETOKENIZERS = ("words", "metaspace")
 
 
 def _check_text(text: object, name: str = "text") -> str:
@@ -207,14 +221,74 @@ class CharTokenizer(Tokenizer):
         return list(_check_text(text))
 
 
+# For WordTokenizer: a run of letters/digits, or a single punctuation mark, each with
+# the whitespace in front of it; a run of whitespace at the very end stands alone.
+_WORD_OR_MARK = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
+
+
+class WordTokenizer(Tokenizer):
+    """One token per word or punctuation mark, from a vocabulary counted on a corpus.
+
+    A token is a run of letters and digits, or a single punctuation mark, with
+    the whitespace in front of it (so ``" river"`` and ``"river"`` are two
+    tokens); concatenating the tokens gives back the text. A word the
+    vocabulary lacks becomes ``<unk>`` as a whole: this is the weakness that
+    subword tokenizers remove.
+
+    Parameters
+    ----------
+    words : list of str
+        The vocabulary, in id order (ids ``4, 5, ...``); distinct, non-empty.
+    """
+
+    def __init__(self, words: Iterable[str]) -> None:
+        if isinstance(words, str) or not isinstance(words, Iterable):
+            raise TypeError(f"words must be an iterable of str, got {describe(words)}")
+        self.words = tuple(words)
+        for w in self.words:
+            if not isinstance(w, str) or not w:
+                raise TypeError(f"words must hold non-empty strings, got {describe(w)}")
+        repeated = sorted(w for w, n in Counter(self.words).items() if n > 1)
+        if repeated:
+            raise ValueError(f"words must not repeat, got {repeated[:10]} more than once")
+        super().__init__(self.words)
+
+    @classmethod
+    def from_corpus(cls, corpus: str | Iterable[str], *, min_count: int = 1) -> WordTokenizer:
+        """The words of ``corpus`` seen at least ``min_count`` times, most frequent first.
+
+        Ties in frequency are broken by the word's string, so the ids are deterministic.
+        """
+        docs = _check_corpus(corpus)
+        min_count = positive_int(min_count, "min_count")
+        counts = Counter(w for doc in docs for w in _WORD_OR_MARK.findall(doc))
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        return cls(w for w, n in ranked if n >= min_count)
+
+    def tokenize(self, text: str) -> list[str]:
+        """The words, punctuation marks and trailing whitespace of ``text``."""
+        return _WORD_OR_MARK.findall(_check_text(text))
+
+
 # A word is a run of non-space characters with the whitespace in front of it; a
 # run of whitespace at the very end is a word of its own. Concatenating the
 # words gives back the text exactly.
 _WORD = re.compile(r"\s*\S+|\s+")
+# The same rule once spaces have become SPACE_SYMBOL: the symbol counts as whitespace.
+_METASPACE_WORD = re.compile(rf"[\s{SPACE_SYMBOL}]*[^\s{SPACE_SYMBOL}]+|[\s{SPACE_SYMBOL}]+")
 
 
-def _split_words(text: str) -> list[str]:
-    return _WORD.findall(text)
+def _pretokenize(text: str, pretokenize: str, name: str = "text") -> list[str]:
+    """The words of ``text``: as they stand, or with every space shown as SPACE_SYMBOL."""
+    if pretokenize == "words":
+        return _WORD.findall(text)
+    if SPACE_SYMBOL in text:
+        raise ValueError(
+            f"{name} contains {SPACE_SYMBOL!r} (U+2581), which pretokenize='metaspace' uses"
+            " to stand for a space, so it could not be decoded back; remove it or use"
+            " pretokenize='words'"
+        )
+    return _METASPACE_WORD.findall(text.replace(" ", SPACE_SYMBOL))
 
 
 def _merge_pair(word: Sequence[str], pair: tuple[str, str]) -> list[str]:
@@ -232,8 +306,40 @@ def _merge_pair(word: Sequence[str], pair: tuple[str, str]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class MergeStep:
+    r"""One merge made by :meth:`BPETokenizer.train`, as it was chosen.
+
+    Attributes
+    ----------
+    rank : int
+        Position in the list of merges (0 for the first).
+    pair : tuple of str
+        The two adjacent tokens ``(left, right)`` that were merged.
+    count : int
+        How often the pair occurred over the corpus's words when it was chosen.
+    score : float
+        The value training maximized: ``count`` for ``score="frequency"``;
+        :math:`n_{ab} / (n_a\, n_b)` for ``score="wordpiece"``, with :math:`n_a`
+        and :math:`n_b` the counts of the two tokens in the corpus at that moment.
+    n_tokens : int
+        Number of tokens in the training corpus after this merge.
+    """
+
+    rank: int
+    pair: tuple[str, str]
+    count: int
+    score: float
+    n_tokens: int
+
+    @property
+    def token(self) -> str:
+        """The new token, ``left + right``."""
+        return self.pair[0] + self.pair[1]
+
+
 class _PairCounts:
-    """Frequencies of adjacent symbol pairs over a weighted list of words.
+    """Frequencies of adjacent symbol pairs, and of the symbols, over a weighted list of words.
 
     Keeps, for each pair, the words it occurs in, so that a merge touches only
     those words; a heap hands out the most frequent pair, ties broken by the
@@ -243,17 +349,37 @@ class _PairCounts:
     def __init__(self, words: list[list[str]], weights: list[int]) -> None:
         self.words, self.weights = words, weights
         self.count: Counter[tuple[str, str]] = Counter()
+        self.units: Counter[str] = Counter()  # occurrences of each token
         self.where: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
         for i, word in enumerate(words):
             self._add(i, word, +1)
+        self.n_tokens = sum(self.units.values())
         self.heap = [(-n, pair) for pair, n in self.count.items()]
         heapq.heapify(self.heap)
 
     def _add(self, i: int, word: list[str], sign: int) -> None:
+        for symbol in word:
+            self.units[symbol] += sign * self.weights[i]
         for pair in itertools.pairwise(word):
             self.count[pair] += sign * self.weights[i]
             if sign > 0:
                 self.where[pair].add(i)
+
+    def wordpiece_score(self, pair: tuple[str, str]) -> float:
+        r"""The pair's count over the product of its parts' counts, :math:`n_{ab}/(n_a n_b)`."""
+        return self.count[pair] / (self.units[pair[0]] * self.units[pair[1]])
+
+    def best_wordpiece(self, min_frequency: int) -> tuple[tuple[str, str], int] | None:
+        """The pair seen at least ``min_frequency`` times with the highest WordPiece score.
+
+        Ties go to the more frequent pair, then to the pair whose strings come
+        first in lexicographic order.
+        """
+        candidates = [p for p, n in self.count.items() if n >= min_frequency]
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda p: (-self.wordpiece_score(p), -self.count[p], p))
+        return best, self.count[best]
 
     def most_frequent(self) -> tuple[tuple[str, str], int] | None:
         """The most frequent pair and its count, or None when no pair is left."""
@@ -273,6 +399,7 @@ class _PairCounts:
                 continue  # the pair left this word in an earlier merge
             self._add(i, old, -1)
             self._add(i, new, +1)
+            self.n_tokens -= self.weights[i] * (len(old) - len(new))
             self.words[i] = new
             touched.update(itertools.pairwise(old), itertools.pairwise(new))
         for p in sorted(touched):
@@ -303,19 +430,39 @@ class BPETokenizer(Tokenizer):
     with ``unknown="raise"``). This keeps the vocabularies of the book small
     and the merges readable.
 
+    **Spaces as a symbol.** With ``pretokenize="metaspace"`` every space is
+    replaced by the visible symbol ``"\u2581"`` (:data:`SPACE_SYMBOL`) before
+    splitting into words, so the symbol starts the word that follows it and
+    tokens look like ``"\u2581river"``, as in SentencePiece
+    :cite:p:`kudo2018sentencepiece`; :meth:`decode` turns the symbol back into
+    spaces. Unlike SentencePiece, no symbol is added in front of the text and
+    runs of spaces are kept, so the round trip is exact.
+
     Parameters
     ----------
     alphabet : str or list of str
-        The base characters, in id order (ids ``4, 5, ...``).
+        The base characters, in id order (ids ``4, 5, ...``). With
+        ``pretokenize="metaspace"`` a space in it stands for :data:`SPACE_SYMBOL`.
     merges : list of (str, str)
         The learned merges in order; each side must be a token that exists
         when the merge is made. Usually made by :meth:`train`.
+    pretokenize : str
+        ``"words"`` (a word keeps the whitespace in front of it) or
+        ``"metaspace"`` (spaces become :data:`SPACE_SYMBOL` first).
     """
 
     def __init__(
-        self, alphabet: str | Iterable[str], merges: Sequence[tuple[str, str]] = ()
+        self,
+        alphabet: str | Iterable[str],
+        merges: Sequence[tuple[str, str]] = (),
+        *,
+        pretokenize: str = "words",
     ) -> None:
-        self.alphabet = _check_alphabet(alphabet)
+        self.pretokenize = one_of(pretokenize, PRETOKENIZERS, "pretokenize")
+        alphabet = _check_alphabet(alphabet)
+        if pretokenize == "metaspace":
+            alphabet = _check_alphabet(SPACE_SYMBOL if s == " " else s for s in alphabet)
+        self.alphabet = alphabet
         symbols = list(self.alphabet)
         known = set(symbols)
         self._ranks: dict[tuple[str, str], int] = {}
@@ -326,7 +473,7 @@ class BPETokenizer(Tokenizer):
                 known.add(pair[0] + pair[1])
                 symbols.append(pair[0] + pair[1])
         self._merges = [(m[0], m[1]) for m in merges]
-        self._merge_counts: list[int] | None = None
+        self._trace: list[MergeStep] | None = None
         self._cache: dict[str, list[str]] = {}
         super().__init__(symbols)
 
@@ -354,8 +501,21 @@ class BPETokenizer(Tokenizer):
         *,
         alphabet: str | Iterable[str] | None = None,
         min_frequency: int = 2,
+        score: str = "frequency",
+        pretokenize: str = "words",
     ) -> BPETokenizer:
-        """Learn merges from ``corpus`` until the vocabulary has ``vocab_size`` ids.
+        r"""Learn merges from ``corpus`` until the vocabulary has ``vocab_size`` ids.
+
+        Each step merges the adjacent pair :math:`(a, b)` with the highest score:
+
+        .. math:: \text{frequency: } n_{ab}, \qquad
+                  \text{wordpiece: } \frac{n_{ab}}{n_a\, n_b},
+
+        where :math:`n_{ab}` counts the pair and :math:`n_a`, :math:`n_b` the
+        two tokens in the corpus as currently segmented. The first is byte-pair
+        encoding :cite:p:`sennrich2016neural`; the second is the merge score
+        commonly used for WordPiece :cite:p:`schuster2012japanese,wu2016google`,
+        which prefers pairs whose parts rarely occur apart.
 
         Parameters
         ----------
@@ -369,19 +529,30 @@ class BPETokenizer(Tokenizer):
             The base characters; defaults to the corpus's characters, sorted.
             Every character of the corpus must belong to it.
         min_frequency : int
-            A pair seen fewer times than this is never merged.
+            A pair seen fewer times than this is never merged (whatever its score).
+        score : str
+            ``"frequency"`` or ``"wordpiece"``, as above.
+        pretokenize : str
+            ``"words"`` or ``"metaspace"`` (spaces become :data:`SPACE_SYMBOL`),
+            as in the class description.
 
         Returns
         -------
         BPETokenizer
-            Its :attr:`merges` lists the learned pairs in order, and
-            :attr:`merge_counts` how often each occurred when it was chosen.
-            Ties between equally frequent pairs go to the pair whose
+            Its :attr:`merges` lists the learned pairs in order, :attr:`trace`
+            each merge with its count, score and the corpus's length after it,
+            and :attr:`merge_counts` the counts alone. Ties between equal
+            scores go to the more frequent pair, then to the pair whose
             ``(left, right)`` strings come first in lexicographic order, so
             training is deterministic.
         """
         docs = _check_corpus(corpus)
-        seen = set().union(*docs)
+        score = one_of(score, MERGE_SCORES, "score")
+        pretokenize = one_of(pretokenize, PRETOKENIZERS, "pretokenize")
+        words = [w for doc in docs for w in _pretokenize(doc, pretokenize, "corpus")]
+        seen = set().union(*words)
+        if alphabet is not None and pretokenize == "metaspace":
+            alphabet = [SPACE_SYMBOL if s == " " else s for s in _check_alphabet(alphabet)]
         base = _check_alphabet(sorted(seen) if alphabet is None else alphabet)
         outside = sorted(seen - set(base))
         if outside:
@@ -394,19 +565,26 @@ class BPETokenizer(Tokenizer):
                 f" {len(base)} base characters), got {vocab_size}"
             )
         min_frequency = positive_int(min_frequency, "min_frequency")
-        word_counts = Counter(w for doc in docs for w in _split_words(doc))
+        word_counts = Counter(words)
         pairs = _PairCounts([list(w) for w in word_counts], list(word_counts.values()))
-        merges, counts, made = [], [], set(base)
+        trace: list[MergeStep] = []
+        made = set(base)
         while len(made) < vocab_size - N_SPECIAL:
-            best = pairs.most_frequent()
-            if best is None or best[1] < min_frequency:
-                break
-            merges.append(best[0])
-            counts.append(best[1])
-            made.add(best[0][0] + best[0][1])
+            if score == "frequency":
+                best = pairs.most_frequent()
+                if best is None or best[1] < min_frequency:
+                    break
+                value = float(best[1])
+            else:
+                best = pairs.best_wordpiece(min_frequency)
+                if best is None:
+                    break
+                value = pairs.wordpiece_score(best[0])
             pairs.merge(best[0])
-        tokenizer = cls(base, merges)
-        tokenizer._merge_counts = counts
+            trace.append(MergeStep(len(trace), best[0], best[1], value, pairs.n_tokens))
+            made.add(best[0][0] + best[0][1])
+        tokenizer = cls(base, [step.pair for step in trace], pretokenize=pretokenize)
+        tokenizer._trace = trace
         return tokenizer
 
     @property
@@ -422,14 +600,20 @@ class BPETokenizer(Tokenizer):
         so a run ``aaa`` holds the pair ``(a, a)`` twice though one merge
         replaces only one of them.
         """
-        return None if self._merge_counts is None else list(self._merge_counts)
+        return None if self._trace is None else [step.count for step in self._trace]
+
+    @property
+    def trace(self) -> list[MergeStep] | None:
+        """Every merge of training, in order, with its count and score (None if not trained)."""
+        return None if self._trace is None else list(self._trace)
 
     def tokenize(self, text: str, *, n_merges: int | None = None) -> list[str]:
         """Split ``text`` into token strings, using the first ``n_merges`` merges (default all).
 
         Characters outside the alphabet come out as themselves (``encode``
         turns them into ``<unk>``). Growing ``n_merges`` from 0 shows the
-        segmentation coarsen merge by merge.
+        segmentation coarsen merge by merge. With ``pretokenize="metaspace"``
+        the spaces of ``text`` come out as :data:`SPACE_SYMBOL`.
         """
         text = _check_text(text)
         if n_merges is None:
@@ -440,7 +624,16 @@ class BPETokenizer(Tokenizer):
             if not 0 <= n_merges <= len(self._merges):
                 raise ValueError(f"n_merges must be in [0, {len(self._merges)}], got {n_merges}")
             limit = n_merges
-        return [t for word in _split_words(text) for t in self._segment(word, limit)]
+        words = _pretokenize(text, self.pretokenize)
+        return [t for word in words for t in self._segment(word, limit)]
+
+    def decode(self, ids: object, *, skip_special: bool = True) -> str:
+        """The text of a sequence of ids, shape ``(n,)``; :data:`SPACE_SYMBOL` becomes a space.
+
+        See :meth:`Tokenizer.decode` for ``skip_special``.
+        """
+        text = super().decode(ids, skip_special=skip_special)
+        return text.replace(SPACE_SYMBOL, " ") if self.pretokenize == "metaspace" else text
 
     def _segment(self, word: str, limit: int) -> list[str]:
         """Apply the merges of rank below ``limit`` to one word, earliest learned first."""
