@@ -1,7 +1,8 @@
 """Data for the book's experiments: tokenizers, toy tasks, batches and a synthetic language.
 
 - :mod:`tinyformer.data.tokenizers`: special tokens, :class:`~tinyformer.data.tokenizers.CharTokenizer`,
-  :class:`~tinyformer.data.tokenizers.BPETokenizer`
+  :class:`~tinyformer.data.tokenizers.WordTokenizer`, :class:`~tinyformer.data.tokenizers.BPETokenizer`
+  (byte-pair or WordPiece-scored merges, with a trace of every merge)
 - :mod:`tinyformer.data.batching`: padding, teacher forcing, :class:`~tinyformer.data.batching.Batch` and its masks
 - :mod:`tinyformer.data.tasks`: copy, reverse and sort, with held-out splits
 - :mod:`tinyformer.data.markov`: a Markov source whose entropy rate is known exactly
@@ -17,11 +18,14 @@ from tinyformer.data.tokenizers import (
     EOS_ID,
     N_SPECIAL,
     PAD_ID,
+    SPACE_SYMBOL,
     SPECIAL_TOKENS,
     UNK_ID,
     BPETokenizer,
     CharTokenizer,
+    MergeStep,
     Tokenizer,
+    WordTokenizer,
 )
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "EOS_ID",
     "N_SPECIAL",
     "PAD_ID",
+    "SPACE_SYMBOL",
     "SPECIAL_TOKENS",
     "TASKS",
     "UNK_ID",
@@ -36,10 +41,12 @@ __all__ = [
     "Batch",
     "CharTokenizer",
     "MarkovSource",
+    "MergeStep",
     "PairDataset",
     "SequenceTask",
     "TaskSplit",
     "Tokenizer",
+    "WordTokenizer",
     "empirical_entropy_rate",
     "make_batch",
     "pad_sequences",
