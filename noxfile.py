@@ -64,9 +64,7 @@ def tests(session: nox.Session) -> None:
         "--cov=tinyformer",
         "--cov-report=term-missing:skip-covered",
         *session.posargs,
-        # two workers on two cores: one BLAS thread each, so their threads do not spin
-        # against each other (the tests' matrices are small)
-        env={**SCRIPT_ENV, "OPENBLAS_NUM_THREADS": "1"},
+        env=SCRIPT_ENV,
     )
     _report_runs(session, offset)
 
