@@ -55,6 +55,9 @@ class PageProblems:
 def open_page(browser, url: str, problems: PageProblems):
     """Open ``url`` in a fresh context that records errors and blocks off-host requests."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
+    # The API reference is long and typesets a lot of math: on a busy two-core machine its
+    # load took more than Playwright's default 30 s once. Allow two minutes per step.
+    context.set_default_timeout(120_000)
 
     def route(request_route):
         host = urlsplit(request_route.request.url).hostname
