@@ -224,6 +224,20 @@ def test_the_command_line_uses_the_store(tmp_path, monkeypatch, capsys, experime
     assert "unknown experiment" in capsys.readouterr().err
 
 
+def test_the_command_line_holds_book_runs_to_their_requirement_but_not_variants(
+    tmp_path, monkeypatch, capsys, experiments
+):
+    from tinyformer.experiments import cli, registry  # noqa: PLC0415
+
+    monkeypatch.setitem(registry.EXPERIMENTS, "reversal", experiments["rev"])
+    monkeypatch.setattr(cli, "BOOK_RUNS", (("reversal", {"seed": 1, "d_ff": 8}),))
+    assert main(["--book", "--store", str(tmp_path)]) == 0  # a tiny variant: no requirement
+    assert "a variant of the book's reversal run: no requirement" in capsys.readouterr().out
+    monkeypatch.setattr(cli, "BOOK_RUNS", (("reversal", {"seed": 1}),))
+    assert main(["--book", "--store", str(tmp_path)]) == 1  # the book's run must reach 0.99
+    assert "exact match >= 0.99" in capsys.readouterr().out
+
+
 def test_bad_requests_are_refused_with_their_names(store):
     with pytest.raises(ValueError, match=r"name must be one of the experiments \['lm', 'rev'\]"):
         store.run("nope")

@@ -27,5 +27,7 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
 BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("reversal", {"seed": 0}),
     ("markov_lm", {"seed": 0}),
+    # the draft model of speculative decoding (chapter "Fast inference"): small and weaker
+    ("markov_lm", {"seed": 0, "d_model": 16, "n_heads": 2, "d_ff": 64, "n_layers": 1}),
 )
 """The runs whose results the book shows, as ``(name, arguments)``; computed before a build."""
