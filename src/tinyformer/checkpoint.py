@@ -34,10 +34,10 @@ import os
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -53,6 +53,7 @@ __all__ = [
     "model_generators",
     "read_checkpoint",
     "save_checkpoint",
+    "write_atomically",
 ]
 
 FORMAT = "tinyformer-checkpoint"
@@ -215,17 +216,25 @@ def save_checkpoint(
         "extra": _to_json(dict(extra or {})),
     }
     blob = np.frombuffer(json.dumps(metadata).encode("utf-8"), dtype=np.uint8)
+    write_atomically(path, lambda file: np.savez(file, **{_METADATA: blob}, **arrays))
+    return path
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, then move it into place.
+
+    A crash or an exception leaves either the old file or the new one, never half of one.
+    """
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as file:
-            np.savez(file, **{_METADATA: blob}, **arrays)
+            write(file)
             file.flush()
             os.fsync(file.fileno())
         Path(temp).replace(path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
-    return path
 
 
 # ------------------------------------------------------------------------- load

@@ -30,7 +30,6 @@ import inspect
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from tinyformer._validation import describe
-from tinyformer.checkpoint import read_checkpoint, save_checkpoint
+from tinyformer.checkpoint import read_checkpoint, save_checkpoint, write_atomically
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.models import (
     DecoderOnlyConfig,
@@ -90,19 +89,6 @@ def _file_sha256(path: Path) -> str:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        Path(temp).replace(path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def _in_use(folder: Path) -> bool:
@@ -287,7 +273,8 @@ class ExperimentStore:
             "numpy": np.__version__,
             "wall_time": result.wall_time,
         }
-        _write_atomically(manifest, json.dumps(record, indent=1, sort_keys=True) + "\n")
+        text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+        write_atomically(manifest, lambda file: file.write(text.encode("utf-8")))
 
     def _load(self, checkpoint: Path, manifest: Path) -> ExperimentResult:
         if not manifest.is_file():
