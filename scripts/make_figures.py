@@ -35,25 +35,28 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _inputs(script: Path) -> str:
-    """Digest of everything a script's output depends on."""
+def _inputs(script: Path, versions: str) -> str:
+    """Digest of everything a script's output depends on (``versions``: package and libraries)."""
     digest = hashlib.sha256()
     common = script.parent / "_common.py"
     for part in (script.read_bytes(), common.read_bytes() if common.is_file() else b""):
         digest.update(part)
         digest.update(b"\0")
-    digest.update(f"{source_digest()} numpy {np.__version__} mpl {mpl.__version__}".encode())
+    digest.update(versions.encode())
     return digest.hexdigest()
 
 
-def _up_to_date(stamp: Path, inputs: str, out_dir: Path) -> bool:
+def _up_to_date(stamp: Path, inputs: str, out_dir: Path) -> dict[str, str] | None:
+    """The stamp's outputs if the script's inputs and outputs are unchanged, else None."""
     if not stamp.is_file():
-        return False
+        return None
     record = json.loads(stamp.read_text())
-    return record.get("inputs") == inputs and all(
+    outputs = record.get("outputs", {})
+    unchanged = record.get("inputs") == inputs and all(
         (out_dir / name).is_file() and _sha256(out_dir / name) == sha
-        for name, sha in record.get("outputs", {}).items()
+        for name, sha in outputs.items()
     )
+    return outputs if unchanged else None
 
 
 def _run(script: Path, folder: Path) -> None:
@@ -91,11 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     made: set[str] = set()
     ran = changed = 0
     started = time.perf_counter()
+    versions = f"{source_digest()} numpy {np.__version__} mpl {mpl.__version__}"  # hashed once
     for script in scripts:
         stamp = args.stamps / f"{script.stem}.json"
-        inputs = _inputs(script)
-        if not args.force and _up_to_date(stamp, inputs, args.out_dir):
-            made.update(json.loads(stamp.read_text())["outputs"])
+        inputs = _inputs(script, versions)
+        kept = None if args.force else _up_to_date(stamp, inputs, args.out_dir)
+        if kept is not None:
+            made.update(kept)
             continue
         stamp.unlink(missing_ok=True)
         with tempfile.TemporaryDirectory(dir=args.stamps) as temp:
