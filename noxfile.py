@@ -35,7 +35,15 @@ PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 # store is safe for concurrent use), and computed once per version of the package.
 STORE = Path(os.environ.get("TINYFORMER_STORE", DOCS / "_build" / "experiments")).resolve()
 ENV = {"PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": "0", "TINYFORMER_STORE": str(STORE)}
-SCRIPT_ENV = {**ENV, "MPLBACKEND": "Agg"}
+# Builds and tests run two processes at a time (Sphinx's parallel readers, pytest-xdist) on
+# the two-core machines the book is built on; a BLAS that also starts a thread per core then
+# oversubscribes the CPU, which made single figure scripts 50x slower on a busy machine. They
+# use one BLAS thread each unless the caller set a count (the benchmarks choose their own).
+ONE_THREAD = {
+    name: os.environ.get(name, "1")
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+}
+SCRIPT_ENV = {**ENV, **ONE_THREAD, "MPLBACKEND": "Agg"}
 
 
 def _group(name: str) -> list[str]:
@@ -158,7 +166,7 @@ def _sphinx(session: nox.Session, builder: str, out: Path, *extra: str, **kw: ob
         str(DOCS),
         str(out),
         *extra,
-        env=ENV,
+        env={**ENV, **ONE_THREAD},
         **kw,
     )
 

@@ -7,7 +7,6 @@ import numpy as np
 from _common import out_dir
 from tinyformer.attention import scaled_dot_product_attention
 from tinyformer.masks import causal_mask, combine_masks, padding_mask
-from tinyformer.positional import sinusoidal_encoding
 from tinyformer.viz import heatmap, new_figure, save_figure
 
 WORDS = ["the", "cat", "sat", "on", "the", "mat", "because", "it", "was", "tired"]
@@ -24,7 +23,7 @@ def main() -> None:
     w_q, w_k = rng.standard_normal((2, D_MODEL, D_MODEL)) / np.sqrt(D_MODEL)
     padded = ["<pad>"] * N_PAD + WORDS[: len(WORDS) - N_PAD]
     ids = np.array([[vocab[w] for w in WORDS], [vocab[w] for w in padded]])  # (B, T)
-    x = embeddings[ids] + sinusoidal_encoding(len(WORDS), D_MODEL)  # (B, T, d_model)
+    x = embeddings[ids]  # (B, T, d_model); no positions, so the two 'the' rows are equal
     q, k = x @ w_q, x @ w_k  # (B, T, d_model) each
 
     causal = causal_mask(len(WORDS))  # (T, T), True where a query may attend

@@ -8,13 +8,13 @@ from _common import out_dir
 from tinyformer.analysis import softmax_saturation
 from tinyformer.viz import new_figure, save_figure
 
-D_KS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+D_KS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
 SEQ_LEN, SEED = 32, 0
-# Label, colour and line style of each curve, and the power p in the scale s = d_k ** -p.
+# Label, colour, line style and marker of each curve, and the power p in the scale s = d_k ** -p.
 VARIANTS = [
-    ("no scaling, $s = 1$", "tab:red", "-", 0.0),
-    (r"$s = 1/\sqrt{d_k}$", "tab:blue", "-", 0.5),
-    ("$s = 1/d_k$", "tab:gray", "--", 1.0),
+    ("no scaling, $s = 1$", "tab:red", "-", "o", 0.0),
+    (r"$s = 1/\sqrt{d_k}$", "tab:blue", "-", "s", 0.5),
+    ("$s = 1/d_k$", "tab:gray", "--", "^", 1.0),
 ]
 
 
@@ -27,14 +27,20 @@ def main() -> None:
     """Write attention_scaling.png: three panels against d_k for three choices of scale."""
     folder = out_dir(__doc__)
     fig, (ax_std, ax_max, ax_grad) = new_figure(1, 3, size=(11.0, 3.6))
-    for label, colour, style, power in VARIANTS:
+    for label, colour, style, marker, power in VARIANTS:
         reports = [
             softmax_saturation(
                 d_k, scale=scale_for(power, d_k), seq_len=SEQ_LEN, rng=np.random.default_rng(SEED)
             )
             for d_k in D_KS
         ]
-        kw = {"color": colour, "linestyle": style, "marker": "o", "markersize": 3, "label": label}
+        kw = {
+            "color": colour,
+            "linestyle": style,
+            "marker": marker,
+            "markersize": 4,
+            "label": label,
+        }
         ax_std.plot(D_KS, [r.score_std for r in reports], **kw)
         ax_max.plot(D_KS, [r.max_weight for r in reports], **kw)
         ax_grad.plot(D_KS, [r.score_grad_norm for r in reports], **kw)

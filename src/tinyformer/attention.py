@@ -22,6 +22,7 @@ _SCORES = "the scores q @ k^T (check q and k for NaN and inf)"
 
 
 def _check_qkv(q: object, k: object, v: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return q, k and v as float arrays of one dtype whose shapes fit together, else raise."""
     q = float_array(q, "q", min_ndim=2)
     k = float_array(k, "k", min_ndim=2)
     v = float_array(v, "v", min_ndim=2)
@@ -46,7 +47,27 @@ def _check_qkv(q: object, k: object, v: object) -> tuple[np.ndarray, np.ndarray,
     return q, k, v
 
 
+def _check_backward(
+    grad_output: object, weights: object, q: np.ndarray, k: np.ndarray, v: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Check the output gradient and the forward weights against the checked q, k and v."""
+    out_shape = (*np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), q.shape[-2])
+    grad = float_array(grad_output, "grad_output")
+    weights = float_array(weights, "weights")
+    same_dtype((q, grad, weights), ("q", "grad_output", "weights"))
+    if grad.shape != (*out_shape, v.shape[-1]):
+        raise ValueError(
+            f"grad_output must have the output shape {(*out_shape, v.shape[-1])}, got {grad.shape}"
+        )
+    if weights.shape != (*out_shape, k.shape[-2]):
+        raise ValueError(
+            f"weights must have the shape {(*out_shape, k.shape[-2])}, got {weights.shape}"
+        )
+    return grad, weights
+
+
 def _scale(scale: object, d_k: int) -> float:
+    """The factor for the scores: ``scale`` checked, or 1/sqrt(d_k) when it is None."""
     if scale is None:
         return 1.0 / math.sqrt(d_k)  # a Python float keeps float32 inputs float32
     if isinstance(scale, bool) or not isinstance(scale, int | float | np.floating):
@@ -93,13 +114,15 @@ def scaled_dot_product_attention(
         or is all zeros where every key is masked.
     """
     q, k, v = _check_qkv(q, k, v)
+    # attention-forward-begin
     scores = q @ np.swapaxes(k, -1, -2)  # (..., T_q, T_k)
     scores *= _scale(scale, q.shape[-1])
     if mask is not None:
         allowed = bool_mask(mask, "mask", scores.shape)
-        scores = np.where(allowed, scores, -np.inf)
+        scores = np.where(allowed, scores, -np.inf)  # masked keys: weight exactly 0
     weights = _softmax(scores, scores.ndim - 1, _SCORES)  # (..., T_q, T_k)
     return weights @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
+    # attention-forward-end
 
 
 def _unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -155,24 +178,16 @@ def scaled_dot_product_attention_backward(
         ``(grad_q, grad_k, grad_v)``, shaped like ``q``, ``k`` and ``v``.
     """
     q, k, v = _check_qkv(q, k, v)
-    out_shape = (*np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), q.shape[-2])
-    grad = float_array(grad_output, "grad_output")
-    weights = float_array(weights, "weights")
-    same_dtype((q, grad, weights), ("q", "grad_output", "weights"))
-    if grad.shape != (*out_shape, v.shape[-1]):
-        raise ValueError(
-            f"grad_output must have the output shape {(*out_shape, v.shape[-1])}, got {grad.shape}"
-        )
-    if weights.shape != (*out_shape, k.shape[-2]):
-        raise ValueError(
-            f"weights must have the shape {(*out_shape, k.shape[-2])}, got {weights.shape}"
-        )
-    grad_v = np.swapaxes(weights, -1, -2) @ grad  # (..., T_k, d_v)
-    grad_w = grad @ np.swapaxes(v, -1, -2)  # (..., T_q, T_k)
+    grad, weights = _check_backward(grad_output, weights, q, k, v)
+    # attention-backward-begin
+    grad_v = np.swapaxes(weights, -1, -2) @ grad  # dV = A^T G, (..., T_k, d_v)
+    grad_w = grad @ np.swapaxes(v, -1, -2)  # dA = G V^T, (..., T_q, T_k)
+    # softmax backward, a Jacobian-vector product: dS = A * (dA - rowsum(A * dA))
     grad_s = weights * (grad_w - (grad_w * weights).sum(axis=-1, keepdims=True))
-    grad_s *= _scale(scale, q.shape[-1])
-    grad_q = grad_s @ k  # (..., T_q, d_k)
-    grad_k = np.swapaxes(grad_s, -1, -2) @ q  # (..., T_k, d_k)
+    grad_s *= _scale(scale, q.shape[-1])  # the scale of S = s Q K^T, (..., T_q, T_k)
+    grad_q = grad_s @ k  # dQ = s dS K, (..., T_q, d_k)
+    grad_k = np.swapaxes(grad_s, -1, -2) @ q  # dK = s dS^T Q, (..., T_k, d_k)
+    # attention-backward-end
     return (
         _unbroadcast(grad_q, q.shape),
         _unbroadcast(grad_k, k.shape),

@@ -98,10 +98,12 @@ class FeedForward(Module):
         x = layer_input(x, "x", self.dtype, last_dim=self.d_model)
         pre = self.linear_in.forward(x)  # (..., d_ff) or (..., 2 d_ff)
         if self.gated:
-            a, u = pre[..., : self.d_ff], pre[..., self.d_ff :]
-            act = _FUNCTIONS[self.activation][0](a)  # (..., d_ff)
-            hidden = act * u
+            # ffn-gate-forward-begin
+            a, u = pre[..., : self.d_ff], pre[..., self.d_ff :]  # (..., d_ff) each
+            act = _FUNCTIONS[self.activation][0](a)  # phi(a), (..., d_ff)
+            hidden = act * u  # the gate: phi(a) times the linear branch u
             self._save(pre, act)
+            # ffn-gate-forward-end
         elif self.activation == "relu":
             hidden = np.maximum(pre, 0, out=pre)  # in place: pre is ours
             self._save(hidden, None)
@@ -120,10 +122,12 @@ class FeedForward(Module):
         grad_hidden = self.dropout.backward(self.linear_out.backward(grad_out))  # (..., d_ff)
         derivative = _FUNCTIONS[self.activation][1]
         if self.gated:
-            a, u = saved[..., : self.d_ff], saved[..., self.d_ff :]
-            grad_pre = np.empty_like(saved)  # (..., 2 d_ff)
-            np.multiply(grad_hidden * u, derivative(a), out=grad_pre[..., : self.d_ff])
-            np.multiply(grad_hidden, act, out=grad_pre[..., self.d_ff :])
+            # ffn-gate-backward-begin
+            a, u = saved[..., : self.d_ff], saved[..., self.d_ff :]  # (..., d_ff) each
+            grad_a = grad_hidden * u * derivative(a)  # product rule: u phi'(a) ...
+            grad_u = grad_hidden * act  # ... and phi(a)
+            grad_pre = np.concatenate([grad_a, grad_u], axis=-1)  # (..., 2 d_ff)
+            # ffn-gate-backward-end
         elif self.activation == "relu":
             grad_pre = grad_hidden  # a fresh array from linear_out: safe to change
             np.multiply(grad_pre, saved > 0, out=grad_pre)  # ReLU passes gradient where x > 0

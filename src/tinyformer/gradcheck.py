@@ -25,7 +25,12 @@ import numpy as np
 from tinyformer._validation import positive_float
 from tinyformer.module import Module
 
-__all__ = ["check_module_gradients", "max_relative_error", "numerical_gradient"]
+__all__ = [
+    "check_module_gradients",
+    "check_parameter_gradients",
+    "max_relative_error",
+    "numerical_gradient",
+]
 
 
 def numerical_gradient(
@@ -136,3 +141,44 @@ def check_module_gradients(
     for name, p in module.named_parameters():
         errors[name] = max_relative_error(p.grad, numerical_gradient(loss, p.value, eps))
     return errors
+
+
+def check_parameter_gradients(
+    module: Module,
+    run: Callable[[], tuple[float | np.ndarray, np.ndarray]],
+    *,
+    eps: float = 1e-4,
+) -> dict[str, float]:
+    """Compare ``module.backward`` with finite differences for every parameter only.
+
+    For modules whose inputs cannot be differentiated (token ids) and for whole
+    models checked through a loss on their output.
+
+    Parameters
+    ----------
+    module : Module
+        A float64 module.
+    run : callable
+        Runs ``module.forward`` on fixed inputs and returns ``(value, grad_output)``:
+        the loss (a scalar, or an array whose sum is the loss) and its gradient with
+        respect to the module's output, which is passed to ``module.backward``.
+    eps : float
+        Finite-difference step.
+
+    Returns
+    -------
+    dict
+        ``{"<parameter name>": err}`` with the :func:`max_relative_error` of each gradient.
+    """
+    module.zero_grad()
+    _, grad_output = run()
+    module.backward(grad_output)
+    analytic = {name: p.grad.copy() for name, p in module.named_parameters()}
+
+    def loss() -> float | np.ndarray:
+        return run()[0]
+
+    return {
+        name: max_relative_error(analytic[name], numerical_gradient(loss, p.value, eps))
+        for name, p in module.named_parameters()
+    }

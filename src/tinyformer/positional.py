@@ -31,6 +31,7 @@ __all__ = [
     "binary_encoding",
     "distance_to_seen",
     "fit_shift_matrix",
+    "halves_permutation",
     "rotary_frequencies",
     "sinusoidal_encoding",
     "sinusoidal_encoding_at",
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 _MAX_BITS = 62  # positions are int64: 2**62 leaves room for the shifts below
+_LAYOUTS = ("adjacent", "halves")
 
 
 def _even_size(d_model: object, name: str = "d_model") -> int:
@@ -45,6 +47,56 @@ def _even_size(d_model: object, name: str = "d_model") -> int:
     if d % 2:
         raise ValueError(f"{name} must be even (dimensions come in sine/cosine pairs), got {d}")
     return d
+
+
+def _finite_positions(positions: object) -> np.ndarray:
+    """``positions`` as a float64 vector of finite numbers, else raise."""
+    pos = float_array(positions, "positions", ndim=1).astype(np.float64, copy=False)
+    if not np.all(np.isfinite(pos)):
+        raise ValueError("positions must be finite numbers, got NaN or inf")
+    return pos
+
+
+def _bit_count(n: int, n_bits: object) -> int:
+    """The number of bits of a binary code of ``n`` positions: given, or the fewest that do."""
+    bits = max(1, (n - 1).bit_length()) if n_bits is None else positive_int(n_bits, "n_bits")
+    if bits > _MAX_BITS:
+        raise ValueError(f"n_bits must be at most {_MAX_BITS}, got {bits}")
+    if n > 2**bits:
+        raise ValueError(
+            f"n_bits={bits} writes positions 0..{2**bits - 1} only, but n_positions={n}"
+            f" needs position {n - 1}"
+        )
+    return bits
+
+
+def _integer(value: object, name: str) -> int:
+    """``value`` as an ``int`` (of any sign), else raise :class:`TypeError`."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def _rotary_positions(positions: object, n_pos: int) -> np.ndarray:
+    """One integer position per row of ``x``; ``0 .. n_pos - 1`` by default."""
+    if positions is None:
+        return np.arange(n_pos, dtype=np.float64)
+    pos = np.asarray(positions)
+    if pos.dtype.kind not in "iu" or pos.shape != (n_pos,):
+        raise ValueError(
+            f"positions must be {n_pos} integers (one per row of x), got"
+            f" shape {pos.shape} and dtype {pos.dtype}"
+        )
+    return pos
+
+
+def _pair_slices(layout: object, d: int) -> tuple[slice, slice]:
+    """Where the first and the second members of the rotated pairs sit in a row of width ``d``."""
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    if layout == "adjacent":  # pair i is (2i, 2i + 1)
+        return slice(0, d, 2), slice(1, d, 2)
+    return slice(0, d // 2), slice(d // 2, d)  # "halves": pair i is (i, i + d/2)
 
 
 def rotary_frequencies(d_model: int, base: float = 10000.0) -> np.ndarray:
@@ -119,12 +171,9 @@ def sinusoidal_encoding_at(
     numpy.ndarray
         Shape ``(n, d_model)``.
     """
-    pos = float_array(positions, "positions", ndim=1).astype(np.float64, copy=False)
-    if not np.all(np.isfinite(pos)):
-        raise ValueError("positions must be finite numbers, got NaN or inf")
-    dtype = float_dtype(dtype)
+    pos, dtype = _finite_positions(positions), float_dtype(dtype)  # (n,)
     angles = pos[:, None] * rotary_frequencies(d_model, base)  # (n, d_model / 2)
-    table = np.empty((len(pos), angles.shape[1] * 2), dtype=np.float64)  # (n, d_model)
+    table = np.empty((len(pos), 2 * angles.shape[1]))  # (n, d_model)
     table[:, 0::2] = np.sin(angles)
     table[:, 1::2] = np.cos(angles)
     return table.astype(dtype, copy=False)
@@ -158,15 +207,7 @@ def binary_encoding(
         Shape ``(n_positions, n_bits)``, entries 0 and 1.
     """
     n = positive_int(n_positions, "n_positions")
-    bits = max(1, (n - 1).bit_length()) if n_bits is None else positive_int(n_bits, "n_bits")
-    if bits > _MAX_BITS:
-        raise ValueError(f"n_bits must be at most {_MAX_BITS}, got {bits}")
-    if n > 2**bits:
-        raise ValueError(
-            f"n_bits={bits} writes positions 0..{2**bits - 1} only, but n_positions={n}"
-            f" needs position {n - 1}"
-        )
-    dtype = float_dtype(dtype)
+    bits, dtype = _bit_count(n, n_bits), float_dtype(dtype)
     positions = np.arange(n, dtype=np.int64)[:, None]  # (n, 1)
     return ((positions >> np.arange(bits)) & 1).astype(dtype)  # (n, n_bits)
 
@@ -189,11 +230,9 @@ def sinusoidal_shift_matrix(offset: int, d_model: int, *, base: float = 10000.0)
     numpy.ndarray
         Shape ``(d_model, d_model)``, float64.
     """
-    if isinstance(offset, bool) or not isinstance(offset, int | np.integer):
-        raise TypeError(f"offset must be an integer, got {type(offset).__name__} {offset!r}")
-    angles = int(offset) * rotary_frequencies(d_model, base)  # (d_model / 2,)
+    angles = _integer(offset, "offset") * rotary_frequencies(d_model, base)  # (d_model / 2,)
     c, s = np.cos(angles), np.sin(angles)
-    m = np.zeros((2 * len(angles), 2 * len(angles)))
+    m = np.zeros((2 * len(angles), 2 * len(angles)))  # (d_model, d_model)
     even = np.arange(0, m.shape[0], 2)
     m[even, even], m[even, even + 1] = c, s
     m[even + 1, even], m[even + 1, even + 1] = -s, c
@@ -292,16 +331,17 @@ def apply_rotary(
     *,
     base: float = 10000.0,
     inverse: bool = False,
+    layout: str = "adjacent",
 ) -> np.ndarray:
     r"""Rotate each pair of features of ``x`` by an angle proportional to its position (RoPE).
 
-    For the pair :math:`(x_{2i}, x_{2i+1})` at position :math:`p`,
+    For pair :math:`i`, made of features :math:`(a, b)`, at position :math:`p`,
 
     .. math::
-        \begin{pmatrix} x'_{2i} \\ x'_{2i+1} \end{pmatrix}
+        \begin{pmatrix} a' \\ b' \end{pmatrix}
         = \begin{pmatrix} \cos p\omega_i & -\sin p\omega_i \\
                           \sin p\omega_i & \cos p\omega_i \end{pmatrix}
-          \begin{pmatrix} x_{2i} \\ x_{2i+1} \end{pmatrix}.
+          \begin{pmatrix} a \\ b \end{pmatrix}.
 
     Applied to queries and keys, the score :math:`q'_m \cdot k'_n` depends on
     the positions only through :math:`m - n` :cite:p:`su2021roformer`. The map is a
@@ -317,6 +357,12 @@ def apply_rotary(
         Frequency base, as in :func:`rotary_frequencies`.
     inverse : bool
         Rotate by minus the angle (the transpose, used for the gradient).
+    layout : str
+        Which features form pair :math:`i`: ``"adjacent"`` rotates
+        :math:`(x_{2i}, x_{2i+1})`, as the RoFormer paper writes it;
+        ``"halves"`` rotates :math:`(x_i, x_{i + d/2})`, the ``rotate_half``
+        layout of much LLaMA and GPT-NeoX code. The two are the same rotation
+        up to the fixed feature order :func:`halves_permutation`.
 
     Returns
     -------
@@ -326,34 +372,58 @@ def apply_rotary(
     x = float_array(x, "x", min_ndim=2)
     n_pos, d = x.shape[-2:]
     freqs = rotary_frequencies(_even_size(d, "x.shape[-1]"), base)  # (d / 2,)
-    if positions is None:
-        pos = np.arange(n_pos, dtype=np.float64)
-    else:
-        pos = np.asarray(positions)
-        if pos.dtype.kind not in "iu" or pos.shape != (n_pos,):
-            raise ValueError(
-                f"positions must be {n_pos} integers (one per row of x), got"
-                f" shape {pos.shape} and dtype {pos.dtype}"
-            )
-    angles = pos[:, None] * freqs  # (T, d / 2)
-    cos = np.cos(angles).astype(x.dtype, copy=False)
-    sin = np.sin(angles).astype(x.dtype, copy=False)
-    if inverse:
-        sin = -sin
-    even, odd = x[..., 0::2], x[..., 1::2]
+    first, second = _pair_slices(layout, d)
+    angles = _rotary_positions(positions, n_pos)[:, None] * freqs  # (T, d / 2)
+    angles = -angles if inverse else angles
+    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
+    a, b = x[..., first], x[..., second]  # (..., T, d / 2) each
     out = np.empty_like(x)
-    out[..., 0::2] = even * cos - odd * sin
-    out[..., 1::2] = even * sin + odd * cos
+    out[..., first] = a * cos - b * sin
+    out[..., second] = a * sin + b * cos
     return out
 
 
-class RotaryEmbedding(Module):
-    """RoPE as a layer: rotates its input in ``forward``, rotates back in ``backward``."""
+def halves_permutation(d_head: int) -> np.ndarray:
+    r"""The feature order that carries the ``"adjacent"`` RoPE layout to the ``"halves"`` one.
 
-    def __init__(self, d_head: int, *, base: float = 10000.0):
+    With ``perm = halves_permutation(d)``, feature :math:`2i` moves to slot
+    :math:`i` and feature :math:`2i+1` to slot :math:`i + d/2`, so
+
+    .. math::
+        \operatorname{rope}_\text{halves}(x_{[\pi]}) = \operatorname{rope}_\text{adjacent}(x)_{[\pi]} .
+
+    Loading weights trained with one layout into code that uses the other
+    needs the columns of :math:`W_Q` and :math:`W_K` (of each head) reordered
+    by ``perm`` (or by its inverse, ``np.argsort(perm)``, the other way).
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(d_head,)``, int64: ``[0, 2, 4, ..., d - 2, 1, 3, ..., d - 1]``.
+    """
+    d = _even_size(d_head, "d_head")
+    return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+
+
+class RotaryEmbedding(Module):
+    """RoPE as a layer: rotates its input in ``forward``, rotates back in ``backward``.
+
+    Parameters
+    ----------
+    d_head : int
+        Width of each query or key (even).
+    base : float
+        Frequency base, as in :func:`rotary_frequencies`.
+    layout : str
+        ``"adjacent"`` or ``"halves"``: which features are paired, as in :func:`apply_rotary`.
+    """
+
+    def __init__(self, d_head: int, *, base: float = 10000.0, layout: str = "adjacent"):
         super().__init__()
         self.d_head = _even_size(d_head, "d_head")
         self.base = positive_float(base, "base")
+        _pair_slices(layout, self.d_head)  # checks the layout's name
+        self.layout = layout
 
     def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
         """Rotate ``x`` of shape ``(..., T, d_head)`` for positions ``start .. start+T-1``."""
@@ -361,13 +431,13 @@ class RotaryEmbedding(Module):
         rows = _positions_slice(x, start, None, "RoPE")
         positions = np.arange(rows.start, rows.stop)
         self._save(x.shape, x.dtype, positions)
-        return apply_rotary(x, positions, base=self.base)
+        return apply_rotary(x, positions, base=self.base, layout=self.layout)
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
         """Rotate the gradient back by the same angles (the rotation is orthogonal)."""
         shape, dtype, positions = self._saved()
         grad = self._check_grad(grad_out, shape, dtype)
-        return apply_rotary(grad, positions, base=self.base, inverse=True)
+        return apply_rotary(grad, positions, base=self.base, inverse=True, layout=self.layout)
 
 
 def fit_shift_matrix(table: np.ndarray, offset: int) -> np.ndarray:

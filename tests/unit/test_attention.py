@@ -208,3 +208,31 @@ def test_backward_rejects_wrong_gradient_shape(rng):
         scaled_dot_product_attention_backward(out[..., :1], q, k, v, w)
     with pytest.raises(ValueError, match="weights must have the shape"):
         scaled_dot_product_attention_backward(out, q, k, v, w[..., :1])
+
+
+def test_cross_attention_rows_sum_to_one(rng):
+    q, k, v = _qkv(rng, t_q=3, t_k=5, d_k=4, d_v=6)
+    out, w = scaled_dot_product_attention(q, k, v)
+    assert out.shape == (2, 3, 6)
+    assert w.shape == (2, 3, 5)
+    np.testing.assert_allclose(w.sum(-1), 1.0)
+
+
+def test_a_key_masked_for_every_query_gets_zero_gradient(rng):
+    q, k, v = _qkv(rng)
+    ids = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+    mask = padding_mask(ids, 0)  # (B, 1, T_k): keys 3 and 4 of sequence 0 are padding
+    out, w = scaled_dot_product_attention(q, k, v, mask)
+    _, grad_k, grad_v = scaled_dot_product_attention_backward(
+        rng.standard_normal(out.shape), q, k, v, w
+    )
+    np.testing.assert_array_equal(grad_k[0, 3:], 0.0)
+    np.testing.assert_array_equal(grad_v[0, 3:], 0.0)
+    assert np.abs(grad_k[1, 3:]).min() > 0
+
+
+def test_backward_rejects_mixed_dtypes(rng):
+    q, k, v = _qkv(rng)
+    out, w = scaled_dot_product_attention(q, k, v)
+    with pytest.raises(TypeError, match="must share one dtype"):
+        scaled_dot_product_attention_backward(out.astype(np.float32), q, k, v, w)

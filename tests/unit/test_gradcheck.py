@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinyformer.gradcheck import check_module_gradients, max_relative_error, numerical_gradient
+from tinyformer.gradcheck import (
+    check_module_gradients,
+    check_parameter_gradients,
+    max_relative_error,
+    numerical_gradient,
+)
 from tinyformer.module import Module, Parameter
 
 
@@ -59,3 +64,38 @@ def test_check_module_gradients_passes_correct_and_flags_buggy(rng):
 def test_numerical_gradient_needs_float64():
     with pytest.raises(TypeError, match="float64"):
         numerical_gradient(lambda: 0.0, np.ones(3, np.float32))
+
+
+class BuggyEmbedding(Module):
+    """A lookup whose backward may forget that repeated ids add up."""
+
+    def __init__(self, rng, buggy):
+        super().__init__()
+        self.table = Parameter(rng.standard_normal((5, 3)))
+        self.buggy = buggy
+
+    def forward(self, ids):
+        self._save(ids)
+        return self.table.value[ids]
+
+    def backward(self, grad_out):
+        (ids,) = self._saved()
+        if self.buggy:
+            self.table.grad[ids] += grad_out  # repeated ids: only one write survives
+        else:
+            np.add.at(self.table.grad, ids, grad_out)
+
+
+def test_check_parameter_gradients_passes_correct_and_flags_buggy(rng):
+    ids = np.array([0, 2, 2, 4])
+    upstream = rng.standard_normal((4, 3))
+    results = {}
+    for buggy in (False, True):
+        layer = BuggyEmbedding(rng, buggy)
+
+        def run(layer=layer):
+            return layer.forward(ids) * upstream, upstream
+
+        results[buggy] = check_parameter_gradients(layer, run)
+    assert results[False]["table"] < 1e-8
+    assert results[True]["table"] > 1e-2

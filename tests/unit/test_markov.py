@@ -258,3 +258,72 @@ def _two_cycle_free():
     table = np.full((3, 3, 3), 1 / 3)
     table[0, 0] = [0.0, 0.5, 0.5]
     return MarkovSource(table)
+
+
+# ------------------------------------------------------- posteriors from noisy observations
+def _brute_force_posteriors(source, likelihoods, left_only):
+    """p(x_t | y_s, s != t) (or s < t) by summing over every window, for one window."""
+    t_len, v, k = likelihoods.shape[0], source.vocab_size, source.order
+    out = np.zeros((t_len, v))
+    table = source.transitions.reshape(-1, v)
+    for window in itertools.product(range(v), repeat=t_len + k - 1):  # k - 1 unseen tokens first
+        p = source.stationary[window[:k]]
+        for t in range(k, len(window)):
+            p *= table[source.context_index(np.array(window[t - k : t])), window[t]]
+        tokens = window[k - 1 :]
+        for t in range(t_len):
+            others = range(t) if left_only else (s for s in range(t_len) if s != t)
+            weight = p * math.prod(likelihoods[s, tokens[s]] for s in others)
+            out[t, tokens[t]] += weight
+    return out / out.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("left_only", [False, True])
+def test_token_posteriors_equal_brute_force_enumeration(order, left_only):
+    rng = np.random.default_rng(order)
+    tiny = MarkovSource.random(3, order, 2, rng=rng)
+    likelihoods = rng.random((2, 4, 3))  # two windows of 4 noisy observations
+    likelihoods[0, 2] = 1.0  # position 2 of window 0 unobserved
+    likelihoods[1, 1] = [0.0, 1.0, 0.0]  # position 1 of window 1 observed exactly
+    got = tiny.token_posteriors(likelihoods, left_only=left_only)
+    for b in range(2):
+        want = _brute_force_posteriors(tiny, likelihoods[b], left_only)
+        np.testing.assert_allclose(got[b], want, rtol=1e-12, atol=1e-15)
+
+
+def test_token_posteriors_without_observations_are_the_stationary_marginal(source):
+    got = source.token_posteriors(np.ones((3, 5, 16)))
+    marginal = source.stationary.sum(axis=0)  # p(x_t) of the stationary chain
+    np.testing.assert_allclose(got, np.broadcast_to(marginal, got.shape), atol=1e-12)
+
+
+def test_exact_left_observations_give_the_next_token_distribution(source):
+    """Observing x_<t exactly, the left-only posterior of x_t is p(x_t | context)."""
+    window = source.sample(6, np.random.default_rng(4))
+    exact = np.eye(16)[window][None]  # (1, 6, 16) one-hot: every token observed exactly
+    got = source.token_posteriors(exact, left_only=True)[0]
+    for t in range(2, 6):
+        np.testing.assert_allclose(got[t], source.next_token_probs(window[t - 2 : t]), atol=1e-12)
+
+
+def test_token_posteriors_chunks_agree(source):
+    likelihoods = np.random.default_rng(5).random((300, 4, 16))  # more windows than one chunk
+    whole = source.token_posteriors(likelihoods)
+    np.testing.assert_allclose(whole[290:], source.token_posteriors(likelihoods[290:]), atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    ("likelihoods", "error", "words"),
+    [
+        (np.ones((2, 3, 5)), ValueError, "shape (B, T, 3)"),
+        (np.ones((3, 3)), ValueError, "at least 3 dimensions"),
+        (-np.ones((1, 2, 3)), ValueError, "non-negative"),
+        (np.zeros((1, 2, 3)), ValueError, "probability 0"),
+        (np.full((1, 2, 3), "a"), TypeError, "floating-point"),
+    ],
+)
+def test_token_posteriors_refuse_bad_likelihoods(likelihoods, error, words):
+    with pytest.raises(error) as info:
+        _two_cycle_free().token_posteriors(likelihoods)
+    assert words in str(info.value)

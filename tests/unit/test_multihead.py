@@ -107,6 +107,53 @@ def test_loop_over_heads_equals_vectorized(seed, n_heads, t_q, t_k, cross):
     )
 
 
+def _reference_multi_head_attention(x, context, allowed, w_q, w_k, w_v, w_o, biases, n_heads):
+    """Multi-head attention written out from its definition, independently of the package.
+
+    head_i = softmax(Q_i K_i^T / sqrt(d_k), masked) V_i per head, the heads concatenated along
+    the features, times W_O. Plain NumPy: no tinyformer function is called.
+    """
+    b_q, b_k, b_v, b_o = biases
+    q, k, v = x @ w_q + b_q, context @ w_k + b_k, context @ w_v + b_v  # (B, T, d_model)
+    d_k = w_q.shape[1] // n_heads
+    heads = []
+    for i in range(n_heads):
+        cols = slice(i * d_k, (i + 1) * d_k)
+        scores = q[..., cols] @ np.swapaxes(k[..., cols], -1, -2) / np.sqrt(d_k)  # (B, T_q, T_k)
+        scores = np.where(allowed, scores, -np.inf)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
+        heads.append(weights @ v[..., cols])  # (B, T_q, d_k)
+    return np.concatenate(heads, axis=-1) @ w_o + b_o  # (B, T_q, d_model)
+
+
+@pytest.mark.parametrize(
+    ("seed", "n_heads", "cross"), [(0, 1, False), (1, 2, True), (2, 4, False), (3, 4, True)]
+)
+def test_multi_head_attention_matches_an_independent_reference(seed, n_heads, cross):
+    rng = np.random.default_rng(seed)
+    d_model, batch, t_q = 4 * n_heads, 2, 5
+    t_k = 7 if cross else t_q
+    layer = _layer(rng, d_model, n_heads)
+    x = rng.standard_normal((batch, t_q, d_model))
+    context = rng.standard_normal((batch, t_k, d_model)) if cross else None
+    mask = _random_mask(rng, (batch, t_q, t_k))  # every query keeps key 0
+    w, b, d = layer.w_qkv.value, layer.b_qkv.value, d_model
+    expected = _reference_multi_head_attention(
+        x,
+        x if context is None else context,
+        mask,
+        w[:, :d],
+        w[:, d : 2 * d],
+        w[:, 2 * d :],
+        layer.w_out.value,
+        (b[:d], b[d : 2 * d], b[2 * d :], layer.b_out.value),
+        n_heads,
+    )
+    np.testing.assert_allclose(layer.forward(x, context, mask=mask), expected, atol=1e-12)
+    assert layer.attention_weights.shape == (batch, n_heads, t_q, t_k)
+
+
 def test_loop_over_heads_equals_vectorized_with_rotary(rng):
     layer = _layer(rng, 8, 2, rotary=True)
     x = rng.standard_normal((3, 6, 8))

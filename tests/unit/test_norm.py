@@ -1,4 +1,4 @@
-"""LayerNorm and RMSNorm: what they normalize, their gradients, dtypes."""
+"""LayerNorm, RMSNorm and BatchNorm: what they normalize, their gradients, dtypes, bad input."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinyformer.gradcheck import check_module_gradients
-from tinyformer.norm import LayerNorm, RMSNorm
+from tinyformer.norm import BatchNorm, LayerNorm, RMSNorm
 
 
 def _random_shape(rng, d):
@@ -16,14 +16,14 @@ def _random_shape(rng, d):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("cls", [LayerNorm, RMSNorm])
+@pytest.mark.parametrize("cls", [LayerNorm, RMSNorm, BatchNorm])
 def test_gradients_on_random_shapes(cls, seed):
     rng = np.random.default_rng(seed)
     d = int(rng.integers(2, 7))
     layer = cls(d)
     for p in layer.parameters():
         p.value[...] = rng.standard_normal(p.shape)
-    x = rng.standard_normal(_random_shape(rng, d)) * 3 + 1
+    x = rng.standard_normal((2, *_random_shape(rng, d))) * 3 + 1
     errors = check_module_gradients(layer, [x], rng=rng)
     assert max(errors.values()) < 1e-6, errors
 
@@ -62,7 +62,7 @@ def test_constant_rows_do_not_give_nan():
     assert not np.isnan(RMSNorm(4).forward(np.zeros((2, 4)))).any()
 
 
-@pytest.mark.parametrize("cls", [LayerNorm, RMSNorm])
+@pytest.mark.parametrize("cls", [LayerNorm, RMSNorm, BatchNorm])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_float32_in_float32_out(rng, cls, dtype):
     layer = cls(8, dtype=dtype)
@@ -78,3 +78,81 @@ def test_float32_agrees_with_float64(rng):
     y64 = LayerNorm(32).forward(x)
     y32 = LayerNorm(32, dtype=np.float32).forward(x.astype(np.float32))
     np.testing.assert_allclose(y32, y64, atol=1e-5)
+
+
+# ------------------------------------------------------------------ BatchNorm
+
+
+def test_batch_norm_matches_the_formula_over_batch_and_time(rng):
+    layer = BatchNorm(5, eps=1e-3)
+    layer.gain.value[:] = rng.standard_normal(5)
+    layer.bias.value[:] = rng.standard_normal(5)
+    x = rng.standard_normal((3, 4, 5)) * 2 + 1
+    mu, var = x.mean(axis=(0, 1)), x.var(axis=(0, 1))
+    expected = (x - mu) / np.sqrt(var + 1e-3) * layer.gain.value + layer.bias.value
+    np.testing.assert_allclose(layer.forward(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_batch_norm_output_depends_on_the_rest_of_the_batch_and_layer_norm_does_not(rng):
+    x = rng.standard_normal((4, 3, 8))
+    other = x.copy()
+    other[1:] = rng.standard_normal((3, 3, 8)) * 5 + 2  # change every sequence but the first
+    batch, layer = BatchNorm(8), LayerNorm(8)
+    assert np.abs(batch.forward(x)[0] - batch.forward(other)[0]).max() > 0.1
+    np.testing.assert_array_equal(layer.forward(x)[0], layer.forward(other)[0])
+
+
+def test_batch_norm_running_statistics_and_eval_mode(rng):
+    layer = BatchNorm(3, momentum=0.5)
+    x = rng.standard_normal((50, 3)) * np.array([1.0, 2.0, 3.0]) + np.array([-1.0, 0.0, 4.0])
+    for _ in range(40):  # the same batch: the running values converge to its statistics
+        layer.forward(x)
+    np.testing.assert_allclose(layer.running_mean, x.mean(axis=0), rtol=1e-10)
+    np.testing.assert_allclose(layer.running_var, x.var(axis=0, ddof=1), rtol=1e-10)
+    layer.eval()
+    single = layer.forward(x[:1])  # one position is fine in evaluation mode
+    expected = (x[:1] - layer.running_mean) / np.sqrt(layer.running_var + layer.eps)
+    np.testing.assert_allclose(single, expected, rtol=1e-12)
+    before = layer.running_mean.copy()
+    layer.forward(x * 10)
+    np.testing.assert_array_equal(layer.running_mean, before)  # eval never updates them
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_batch_norm_gradients_in_evaluation_mode(seed):
+    rng = np.random.default_rng(seed)
+    layer = BatchNorm(4)
+    layer.running_mean[:] = rng.standard_normal(4)
+    layer.running_var[:] = rng.uniform(0.5, 2.0, 4)
+    for p in layer.parameters():
+        p.value[...] = rng.standard_normal(p.shape)
+    layer.eval()
+    errors = check_module_gradients(layer, [rng.standard_normal((2, 3, 4))], rng=rng)
+    assert max(errors.values()) < 1e-6, errors
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "name"),
+    [
+        (lambda: BatchNorm(0), ValueError, "d_model"),
+        (lambda: BatchNorm(4, eps=0.0), ValueError, "eps"),
+        (lambda: BatchNorm(4, momentum=0.0), ValueError, "momentum"),
+        (lambda: BatchNorm(4, momentum=1.5), ValueError, "momentum"),
+        (lambda: BatchNorm(4, momentum="0.1"), TypeError, "momentum"),
+        (lambda: BatchNorm(4, dtype=np.int64), TypeError, "dtype"),
+        (lambda: BatchNorm(4).forward(np.ones((1, 1, 4))), ValueError, "x"),
+        (lambda: BatchNorm(4).forward(np.ones((3, 5))), ValueError, "x"),
+        (lambda: BatchNorm(4, dtype=np.float32).forward(np.ones((3, 4))), TypeError, "x"),
+        (lambda: BatchNorm(4).backward(np.ones((3, 4))), RuntimeError, "forward"),
+    ],
+)
+def test_batch_norm_bad_input_names_the_argument(make, error, name):
+    with pytest.raises(error, match=name):
+        make()
+
+
+def test_batch_norm_wrong_gradient_shape_is_refused():
+    layer = BatchNorm(4)
+    layer.forward(np.ones((3, 4)))
+    with pytest.raises(ValueError, match="grad_out"):
+        layer.backward(np.ones((3, 5)))

@@ -1,5 +1,5 @@
 """The closed-form parameter count: equal to the built model's for every option, and to
-the published sizes of GPT-2 and the original Transformer."""
+the published sizes of GPT-2, the original Transformer and BERT."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tinyformer.feedforward import FeedForward
 from tinyformer.models import (
     DecoderOnlyConfig,
     DecoderOnlyLM,
@@ -17,7 +18,17 @@ from tinyformer.models import (
     parameter_terms,
     published_sizes,
 )
-from tinyformer.models.counting import gpt2_config, transformer_config
+from tinyformer.models.counting import (
+    bert_extra_terms,
+    bert_sizes,
+    block_forward_flops,
+    feed_forward_parameters,
+    gated_d_ff,
+    gated_feed_forward_parameters,
+    gpt2_config,
+    transformer_config,
+)
+from tinyformer.models.encoder_only import EncoderOnlyConfig, EncoderOnlyMLM
 
 
 @st.composite
@@ -162,3 +173,115 @@ def test_published_sizes_table():
             assert row.reported < row.released  # the paper's table is lower, not a rounding
     assert rows["GPT-2 small"].reported == 117_000_000
     assert rows["Transformer big"].released is None
+
+
+# ------------------------------------------------ feed-forward sub-layers and their cost
+@given(d_model=st.integers(1, 12), d_ff=st.integers(1, 12), bias=st.booleans())
+def test_feed_forward_counts_equal_built_layers(d_model, d_ff, bias):
+    rng = np.random.default_rng(0)
+    plain = FeedForward(d_model, d_ff, rng=rng)
+    gated = FeedForward(d_model, d_ff, rng=rng, gated=True, bias=bias)
+    assert feed_forward_parameters(d_model, d_ff) == plain.num_parameters()
+    assert gated_feed_forward_parameters(d_model, d_ff, bias=bias) == gated.num_parameters()
+
+
+@given(d_model=st.integers(1, 500).map(lambda k: 3 * k), expansion=st.integers(1, 8))
+def test_gated_width_keeps_the_weight_count_when_exact(d_model, expansion):
+    d_ff = gated_d_ff(d_model, expansion=expansion)
+    assert 3 * d_model * d_ff == 2 * d_model * (expansion * d_model)  # 3 d d_ff = 2 d (e d)
+
+
+@given(d_model=st.integers(1, 5000), multiple_of=st.integers(1, 512))
+def test_gated_width_is_a_rounded_up_multiple(d_model, multiple_of):
+    d_ff = gated_d_ff(d_model, multiple_of=multiple_of)
+    exact = 8 * d_model // 3
+    assert d_ff % multiple_of == 0
+    assert exact <= d_ff < exact + multiple_of
+
+
+def test_gated_width_of_llama_7b():
+    """LLaMA 7B: d_model 4096, multiple_of 256 gives the released hidden width 11008."""
+    assert gated_d_ff(4096, multiple_of=256) == 11008
+
+
+def test_block_flops_terms():
+    flops = block_forward_flops(8, 32, 5)
+    assert flops == {
+        "attention projections": 8 * 5 * 8 * 8,
+        "attention scores and mixing": 4 * 5 * 5 * 8,
+        "feed-forward": 4 * 5 * 8 * 32,
+    }
+    # with d_ff = 4d the quadratic term equals the FFN's at T = 4d
+    d = 16
+    at = block_forward_flops(d, 4 * d, 4 * d)
+    assert at["attention scores and mixing"] == at["feed-forward"]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda: gated_d_ff(0), ValueError, "d_model"),
+        (lambda: gated_d_ff(8, multiple_of=2.5), TypeError, "multiple_of"),
+        (lambda: gated_d_ff(8, expansion=-1), ValueError, "expansion"),
+        (lambda: gated_feed_forward_parameters(4, 0), ValueError, "d_ff"),
+        (lambda: block_forward_flops(4, 8, 0), ValueError, "seq_len"),
+        (lambda: block_forward_flops("4", 8, 2), TypeError, "d_model"),
+    ],
+)
+def test_bad_feed_forward_count_inputs_are_named(call, error, words):
+    with pytest.raises(error, match=words):
+        call()
+
+
+# ------------------------------------------------ encoder-only models and BERT
+@given(
+    sizes=widths(),
+    vocab=st.integers(1, 9),
+    n_layers=st.integers(1, 3),
+    max_len=st.integers(1, 8),
+    norm_first=st.booleans(),
+    positional=st.sampled_from(["sinusoidal", "learned"]),
+    tie=st.booleans(),
+)
+def test_formula_equals_encoder_only_model(
+    sizes, vocab, n_layers, max_len, norm_first, positional, tie
+):
+    config = EncoderOnlyConfig(
+        vocab_size=vocab,
+        n_layers=n_layers,
+        max_len=max_len,
+        norm_first=norm_first,
+        positional=positional,
+        tie_output=tie,
+        **sizes,
+    )
+    model = EncoderOnlyMLM(config, rng=np.random.default_rng(0))
+    assert parameter_count(config) == model.num_parameters()
+
+
+def test_bert_encoder_matches_its_released_encoder_count():
+    """Formula + segment table + embedding LayerNorm + pooler = BERT's encoder checkpoints.
+
+    109,482,240 (base) and 335,141,888 (large) are the parameter counts of the
+    released pre-trained encoders (uncased), without the pre-training heads.
+    """
+    encoder_parts = ("segment embeddings", "embedding LayerNorm", "pooler")
+    for row, released in zip(bert_sizes(), (109_482_240, 335_141_888), strict=True):
+        extras = bert_extra_terms(row.config.d_model)
+        assert row.formula + sum(extras[k] for k in encoder_parts) == released
+        assert row.formula < row.reported
+
+
+def test_bert_extra_terms_by_hand():
+    d, v = 4, 10
+    assert bert_extra_terms(d, v) == {
+        "segment embeddings": 8,
+        "embedding LayerNorm": 8,
+        "pooler": 20,
+        "masked-LM head": 20 + 8 + 10,
+        "next-sentence head": 10,
+    }
+    with pytest.raises(ValueError, match="d_model must be a positive"):
+        bert_extra_terms(0)
+    with pytest.raises(TypeError, match="vocab_size"):
+        bert_extra_terms(4, 2.5)

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinyformer.gradcheck import check_module_gradients
+from tinyformer.optim import AdamW
 from tinyformer.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -16,6 +17,7 @@ from tinyformer.positional import (
     binary_encoding,
     distance_to_seen,
     fit_shift_matrix,
+    halves_permutation,
     rotary_frequencies,
     sinusoidal_encoding,
     sinusoidal_encoding_at,
@@ -99,6 +101,93 @@ def test_rope_at_position_zero_is_identity(rng):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_rope_keeps_dtype(rng, dtype):
     assert apply_rotary(rng.standard_normal((3, 4)).astype(dtype)).dtype == dtype
+
+
+def _rotate_half_reference(x, positions, base=10000.0):
+    """RoPE as LLaMA / GPT-NeoX code writes it: x cos + rotate_half(x) sin."""
+    d = x.shape[-1]
+    freqs = base ** (-np.arange(0, d, 2) / d)
+    angles = np.concatenate([positions[:, None] * freqs] * 2, axis=1)  # (T, d)
+    rotated_half = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], axis=-1)
+    return x * np.cos(angles) + rotated_half * np.sin(angles)
+
+
+def test_halves_layout_matches_the_rotate_half_formula(rng):
+    x = rng.standard_normal((2, 7, 10))
+    positions = np.arange(3, 10)
+    np.testing.assert_allclose(
+        apply_rotary(x, positions, layout="halves"),
+        _rotate_half_reference(x, positions),
+        atol=1e-12,
+    )
+
+
+@given(st.integers(1, 16), st.integers(0, 2**16), st.integers(0, 2**31 - 1))
+def test_layouts_are_one_rotation_up_to_a_permutation(pairs, offset, seed):
+    rng = np.random.default_rng(seed)
+    d = 2 * pairs
+    x = rng.standard_normal((3, 4, d))
+    positions = np.arange(offset, offset + 4)
+    perm = halves_permutation(d)
+    np.testing.assert_allclose(
+        apply_rotary(x[..., perm], positions, layout="halves"),
+        apply_rotary(x, positions)[..., perm],
+        atol=1e-12,
+    )
+
+
+def test_permuted_queries_and_keys_give_the_same_scores(rng):
+    q, k = rng.standard_normal((2, 9, 12))
+    perm = halves_permutation(12)
+    adjacent = apply_rotary(q) @ apply_rotary(k).T
+    halves = (
+        apply_rotary(q[:, perm], layout="halves") @ apply_rotary(k[:, perm], layout="halves").T
+    )
+    np.testing.assert_allclose(halves, adjacent, atol=1e-12)
+    mixed = apply_rotary(q, layout="halves") @ apply_rotary(k, layout="halves").T
+    assert np.abs(mixed - adjacent).max() > 0.1  # unpermuted weights: different scores
+
+
+def test_halves_permutation_orders_even_then_odd():
+    np.testing.assert_array_equal(halves_permutation(6), [0, 2, 4, 1, 3, 5])
+
+
+@pytest.mark.parametrize("layout", ["adjacent", "halves"])
+def test_each_layout_is_relative_and_inverts(rng, layout):
+    q, k = rng.standard_normal((2, 1, 8))
+
+    def score(m, n):
+        return float(
+            apply_rotary(q, np.array([m]), layout=layout)[0]
+            @ apply_rotary(k, np.array([n]), layout=layout)[0]
+        )
+
+    assert score(3, 10) == pytest.approx(score(103, 110), abs=1e-9)
+    x = rng.standard_normal((4, 8))
+    back = apply_rotary(apply_rotary(x, layout=layout), inverse=True, layout=layout)
+    np.testing.assert_allclose(back, x, atol=1e-12)
+
+
+def test_rotary_layer_gradients_in_the_halves_layout(rng):
+    layer = RotaryEmbedding(6, layout="halves")
+    errors = check_module_gradients(
+        layer, [rng.standard_normal((2, 5, 6))], rng=rng, kwargs={"start": 2}
+    )
+    assert max(errors.values()) < 1e-6, errors
+
+
+def test_adamw_shrinks_unused_learned_rows_by_the_decay_factor(rng):
+    layer = LearnedPositionalEmbedding(8, 3, rng=rng)
+    start = layer.weight.value.copy()
+    lr, decay, steps = 0.01, 0.1, 5
+    opt = AdamW(layer.parameters(), lr=lr, weight_decay=decay)
+    for _ in range(steps):
+        opt.zero_grad()
+        layer.forward(rng.standard_normal((2, 4, 3)))
+        layer.backward(rng.standard_normal((2, 4, 3)))
+        opt.step()
+    np.testing.assert_allclose(layer.weight.value[4:], start[4:] * (1 - lr * decay) ** steps)
+    assert not np.allclose(layer.weight.value[:4], start[:4] * (1 - lr * decay) ** steps)
 
 
 def test_learned_embedding_gradients(rng):
@@ -230,6 +319,9 @@ def test_distance_to_seen_is_zero_for_seen_rows():
         (lambda: sinusoidal_shift_matrix(1.5, 4), TypeError, "offset must be an integer"),
         (lambda: apply_rotary(np.ones((3, 5))), ValueError, "x.shape[-1] must be even"),
         (lambda: apply_rotary(np.ones((3, 4)), np.ones(3)), ValueError, "positions must be"),
+        (lambda: apply_rotary(np.ones((3, 4)), layout="split"), ValueError, "layout must be one"),
+        (lambda: RotaryEmbedding(4, layout="pairs"), ValueError, "layout must be one of"),
+        (lambda: halves_permutation(5), ValueError, "d_head must be even"),
         (
             lambda: LearnedPositionalEmbedding(4, 2, rng=np.random.default_rng(0)).forward(
                 np.ones((1, 5, 2))

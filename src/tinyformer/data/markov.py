@@ -31,6 +31,7 @@ __all__ = ["MarkovSource", "empirical_entropy_rate"]
 MAX_CONTEXTS = 4096  # the stationary distribution is solved as a dense linear system
 MIN_CONCENTRATION = 0.1
 _ROW_SUM_TOLERANCE = 1e-9
+_POSTERIOR_CHUNK = 256  # windows per forward-backward pass (memory B * T * V**k)
 
 
 def _entropy(p: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -162,6 +163,26 @@ def _check_transitions(transitions: object) -> np.ndarray:
             f" got {sums[worst]!r}"
         )
     return table / sums[..., None]
+
+
+def _check_likelihoods(likelihoods: object, vocab_size: int) -> np.ndarray:
+    """``likelihoods`` as finite, non-negative float64 of shape ``(B, T, V)``."""
+    e = float_array(likelihoods, "likelihoods", min_ndim=3).astype(np.float64)
+    if e.ndim != 3 or e.shape[2] != vocab_size or e.shape[0] == 0 or e.shape[1] == 0:
+        raise ValueError(
+            f"likelihoods must have shape (B, T, {vocab_size}) with B, T > 0, got shape {e.shape}"
+        )
+    if not np.isfinite(e).all() or (e < 0).any():
+        raise ValueError("likelihoods must be finite and non-negative")
+    return e
+
+
+def _normalized(weights: np.ndarray) -> np.ndarray:
+    """``weights`` divided by their sum over the last axis; raise if a sum is 0."""
+    total = weights.sum(axis=-1, keepdims=True)
+    if (total <= 0).any():
+        raise ValueError("likelihoods give the observations probability 0 under this source")
+    return weights / total
 
 
 class MarkovSource:
@@ -360,6 +381,67 @@ class MarkovSource:
         for t in range(min(seq_len, self.order - 1)):
             out[t] = joint[t + 2] - joint[t + 1]
         return out
+
+    def token_posteriors(self, likelihoods: np.ndarray, *, left_only: bool = False) -> np.ndarray:
+        r"""Each token's distribution given noisy observations of the *other* tokens of a window.
+
+        A window :math:`x_0 \dots x_{T-1}` drawn from the stationary chain is seen
+        through independent noise: position :math:`t` yields an observation
+        :math:`y_t` with probability ``likelihoods[..., t, v]`` when
+        :math:`x_t = v` (a column of ones: nothing observed; a one-hot row: the
+        token observed exactly). This is a hidden Markov model whose hidden state
+        at :math:`t` is the context ending at :math:`t`, and the forward-backward
+        recursions :cite:p:`rabiner1989tutorial` give, exactly,
+
+        .. math::
+            p(x_t = v \mid y_s,\ s \ne t) \quad\text{or, with left\_only,}\quad
+            p(x_t = v \mid y_s,\ s < t).
+
+        Multiplying by ``likelihoods[..., t, :]`` and normalizing gives the full
+        posterior of :math:`x_t`; leaving position :math:`t` out lets a caller
+        use a different noise model there.
+
+        Parameters
+        ----------
+        likelihoods : numpy.ndarray
+            ``(B, T, V)``, non-negative.
+        left_only : bool
+            Condition on the observations before :math:`t` only (the forward pass alone).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(B, T, V)`` float64, each row summing to 1.
+        """
+        e = _check_likelihoods(likelihoods, self.vocab_size)
+        out = np.empty_like(e)
+        for start in range(0, e.shape[0], _POSTERIOR_CHUNK):
+            chunk = slice(start, start + _POSTERIOR_CHUNK)
+            out[chunk] = self._token_posteriors(e[chunk], left_only)
+        return out
+
+    def _token_posteriors(self, e: np.ndarray, left_only: bool) -> np.ndarray:
+        """:meth:`token_posteriors` on one chunk of windows (scaled forward-backward)."""
+        b, t_len, v = e.shape
+        rest = self.n_contexts // v  # contexts without their oldest token: V**(k-1)
+        probs = self._probs.reshape(v, rest, v)  # [oldest, rest, next]
+        prior = np.empty((b, t_len, self.n_contexts))  # p(s_t | y_<t), (B, T, C)
+        prior[:, 0] = self.stationary.ravel()
+        alpha = prior[:, 0] * np.tile(e[:, 0], rest)  # the last token of context c is c % V
+        for t in range(1, t_len):
+            alpha = _normalized(alpha)
+            step = np.einsum("boa,oax->bax", alpha.reshape(b, v, rest), probs)  # (B, V^(k-1), V)
+            prior[:, t] = step.reshape(b, -1)
+            alpha = prior[:, t] * np.tile(e[:, t], rest)
+        cavity = prior
+        if not left_only:  # times p(y_>t | s_t), the backward messages
+            beta = np.ones((b, self.n_contexts))
+            for t in range(t_len - 2, -1, -1):
+                g = (np.tile(e[:, t + 1], rest) * beta).reshape(b, rest, v)  # [rest, next]
+                beta = np.einsum("oax,bax->boa", probs, g).reshape(b, -1)
+                beta = _normalized(beta)
+                cavity[:, t] *= beta
+        return _normalized(cavity.reshape(b, t_len, rest, v).sum(axis=2))  # (B, T, V)
 
     def cross_entropy(self, tokens: np.ndarray) -> float:
         """The source's own mean negative log-likelihood of ``tokens`` (nats per token).

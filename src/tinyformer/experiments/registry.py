@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tinyformer.experiments.markov import markov_lm
+from tinyformer.experiments.mlm import masked_lm
+from tinyformer.experiments.norm_placement import norm_placement
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.experiments.reverse import reversal
 
@@ -21,13 +23,25 @@ __all__ = ["BOOK_RUNS", "EXPERIMENTS"]
 EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "reversal": reversal,
     "markov_lm": markov_lm,
+    "norm_placement": norm_placement,
+    "masked_lm": masked_lm,
 }
 """Every experiment by name, mapped to the function that runs it from keyword arguments."""
 
 BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("reversal", {"seed": 0}),
+    # the masked language model of chapter "The encoder"
+    ("masked_lm", {"seed": 0}),
     ("markov_lm", {"seed": 0}),
     # the draft model of speculative decoding (chapter "Fast inference"): small and weaker
     ("markov_lm", {"seed": 0, "d_model": 16, "n_heads": 2, "d_ff": 64, "n_layers": 1}),
+    # post-norm against pre-norm at depth (chapter "Residual connections and normalization")
+    *(
+        ("norm_placement", {"seed": s, "n_layers": n, "norm_first": f, "warmup_steps": w})
+        for s in (0, 1)
+        for n in (6, 12)
+        for f in (False, True)
+        for w in (0, 75)
+    ),
 )
 """The runs whose results the book shows, as ``(name, arguments)``; computed before a build."""

@@ -45,6 +45,8 @@ from tinyformer.models import (
     DecoderOnlyLM,
     EncoderDecoder,
     EncoderDecoderConfig,
+    EncoderOnlyConfig,
+    EncoderOnlyMLM,
 )
 from tinyformer.training import History
 
@@ -62,6 +64,7 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 _MODELS = {
     "EncoderDecoder": (EncoderDecoder, EncoderDecoderConfig),
     "DecoderOnlyLM": (DecoderOnlyLM, DecoderOnlyConfig),
+    "EncoderOnlyMLM": (EncoderOnlyMLM, EncoderOnlyConfig),
 }
 _NOT_KEYED = frozenset({"progress"})  # arguments that do not change a run's result
 logger = logging.getLogger("tinyformer.experiments")

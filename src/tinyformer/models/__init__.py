@@ -19,6 +19,7 @@ from tinyformer.models.counting import (
 )
 from tinyformer.models.decoder_only import DecoderOnlyLM
 from tinyformer.models.encoder_decoder import EncoderDecoder
+from tinyformer.models.encoder_only import EncoderOnlyConfig, EncoderOnlyMLM
 from tinyformer.models.state import DecodeState
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "DecoderOnlyLM",
     "EncoderDecoder",
     "EncoderDecoderConfig",
+    "EncoderOnlyConfig",
+    "EncoderOnlyMLM",
     "PublishedSize",
     "parameter_count",
     "parameter_terms",

@@ -13,19 +13,29 @@ With :math:`d` the width, :math:`d_\text{ff}` the feed-forward width and
 
 An encoder block is attention + feed-forward + 2 LayerNorms, a decoder block
 with cross-attention two attentions + feed-forward + 3 LayerNorms, a
-decoder-only block one attention + feed-forward + 2 LayerNorms. Pre-norm models
-add a final LayerNorm after each stack.
+decoder-only block one attention + feed-forward + 2 LayerNorms; an encoder-only
+model (:mod:`tinyformer.models.encoder_only`) is counted like a decoder-only one. Pre-norm
+models add a final LayerNorm after each stack.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tinyformer._validation import describe
+from tinyformer._validation import describe, positive_int
 from tinyformer.models.config import DecoderOnlyConfig, EncoderDecoderConfig
+from tinyformer.models.encoder_only import EncoderOnlyConfig
 
 __all__ = [
     "PublishedSize",
+    "attention_parameters",
+    "bert_config",
+    "bert_extra_terms",
+    "bert_sizes",
+    "block_forward_flops",
+    "feed_forward_parameters",
+    "gated_d_ff",
+    "gated_feed_forward_parameters",
     "gpt2_config",
     "parameter_count",
     "parameter_terms",
@@ -44,12 +54,66 @@ def feed_forward_parameters(d_model: int, d_ff: int) -> int:
     return 2 * d_model * d_ff + d_ff + d_model
 
 
+def gated_feed_forward_parameters(d_model: int, d_ff: int, *, bias: bool = True) -> int:
+    r"""A gated (GLU-family) feed-forward sub-layer: :math:`3 d\,d_\text{ff}` weights.
+
+    With biases, add :math:`2 d_\text{ff} + d`. Two input matrices (the activated branch
+    and the gate) and one output matrix, as in :class:`~tinyformer.feedforward.FeedForward`
+    with ``gated=True``.
+    """
+    d_model, d_ff = positive_int(d_model, "d_model"), positive_int(d_ff, "d_ff")
+    return 3 * d_model * d_ff + ((2 * d_ff + d_model) if bias else 0)
+
+
+def gated_d_ff(d_model: int, *, expansion: int = 4, multiple_of: int = 1) -> int:
+    r"""The hidden width that gives a gated FFN about the weights of a plain one.
+
+    A plain FFN of width :math:`e\,d` has :math:`2 e d^2` weights; a gated one of width
+    :math:`d_\text{ff}` has :math:`3 d\,d_\text{ff}`. They are equal at
+    :math:`d_\text{ff} = \tfrac23 e\,d` :cite:p:`shazeer2020glu`. As in the LLaMA code
+    :cite:p:`touvron2023llama`, the width is truncated to an integer and then rounded up to
+    a multiple of ``multiple_of`` (a hardware-friendly size):
+
+    .. math:: d_\text{ff} = m \Bigl\lceil \lfloor \tfrac23 e\,d \rfloor / m \Bigr\rceil
+    """
+    d_model = positive_int(d_model, "d_model")
+    expansion = positive_int(expansion, "expansion")
+    multiple_of = positive_int(multiple_of, "multiple_of")
+    width = 2 * expansion * d_model // 3
+    return multiple_of * -(-width // multiple_of)  # round up to a multiple
+
+
+def block_forward_flops(d_model: int, d_ff: int, seq_len: int) -> dict[str, int]:
+    r"""Floating-point operations of one block's forward pass over one sequence of ``seq_len``.
+
+    A multiply-add counts as two operations; biases, softmax, normalization and the
+    activation are left out (they are linear in :math:`T` and small). With
+    :math:`T` = ``seq_len``:
+
+    - ``"attention projections"``: four :math:`d \times d` products, :math:`8 T d^2`;
+    - ``"attention scores and mixing"``: :math:`Q K^\top` and the weighted sum of the
+      values, :math:`4 T^2 d` (without the saving a causal mask allows);
+    - ``"feed-forward"``: two products with :math:`d \times d_\text{ff}` matrices,
+      :math:`4 T d\,d_\text{ff}`.
+    """
+    d = positive_int(d_model, "d_model")
+    d_ff = positive_int(d_ff, "d_ff")
+    t = positive_int(seq_len, "seq_len")
+    return {
+        "attention projections": 8 * t * d * d,
+        "attention scores and mixing": 4 * t * t * d,
+        "feed-forward": 4 * t * d * d_ff,
+    }
+
+
 def layer_norm_parameters(d_model: int) -> int:
     """Gain and bias: :math:`2d`."""
     return 2 * d_model
 
 
-def parameter_terms(config: EncoderDecoderConfig | DecoderOnlyConfig) -> dict[str, int]:
+def parameter_terms(
+    config: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig,
+) -> dict[str, int]:
     """The parameter count of a model with this ``config``, split into named terms.
 
     Returns
@@ -61,10 +125,11 @@ def parameter_terms(config: EncoderDecoderConfig | DecoderOnlyConfig) -> dict[st
     """
     if isinstance(config, EncoderDecoderConfig):
         return _encoder_decoder_terms(config)
-    if isinstance(config, DecoderOnlyConfig):
+    if isinstance(config, DecoderOnlyConfig | EncoderOnlyConfig):
         return _decoder_only_terms(config)
     raise TypeError(
-        f"config must be an EncoderDecoderConfig or a DecoderOnlyConfig, got {describe(config)}"
+        f"config must be an EncoderDecoderConfig or a DecoderOnlyConfig (or an"
+        f" EncoderOnlyConfig), got {describe(config)}"
     )
 
 
@@ -88,21 +153,23 @@ def _encoder_decoder_terms(c: EncoderDecoderConfig) -> dict[str, int]:
     }
 
 
-def _decoder_only_terms(c: DecoderOnlyConfig) -> dict[str, int]:
+def _decoder_only_terms(c: DecoderOnlyConfig | EncoderOnlyConfig) -> dict[str, int]:
+    """One stack of blocks with one attention each: decoder-only and encoder-only alike."""
     d = c.d_model
+    context = c.max_len if isinstance(c, EncoderOnlyConfig) else c.context_length
     block = (
         attention_parameters(d) + feed_forward_parameters(d, c.d_ff) + 2 * layer_norm_parameters(d)
     )
     return {
         "token embedding": c.vocab_size * d,
-        "positions": c.context_length * d if c.positional == "learned" else 0,
+        "positions": context * d if c.positional == "learned" else 0,
         "blocks": c.n_layers * block,
         "final norm": layer_norm_parameters(d) if c.norm_first else 0,
         "output projection": 0 if c.tie_output else d * c.vocab_size,
     }
 
 
-def parameter_count(config: EncoderDecoderConfig | DecoderOnlyConfig) -> int:
+def parameter_count(config: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig) -> int:
     """Number of trainable scalars of the model built from ``config``, without building it.
 
     Equal to ``model.num_parameters()`` (shared tables counted once); the sum
@@ -166,7 +233,7 @@ class PublishedSize:
     ----------
     name : str
         E.g. ``"GPT-2 small"``.
-    config : EncoderDecoderConfig or DecoderOnlyConfig
+    config : EncoderDecoderConfig, DecoderOnlyConfig or EncoderOnlyConfig
         The architecture, in this library's terms.
     reported : int
         The size in the paper, as printed (rounded to millions).
@@ -175,7 +242,7 @@ class PublishedSize:
     """
 
     name: str
-    config: EncoderDecoderConfig | DecoderOnlyConfig
+    config: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig
     reported: int
     released: int | None = None
 
@@ -205,4 +272,68 @@ def published_sizes() -> list[PublishedSize]:
         PublishedSize("GPT-2 XL", gpt2_config(1600, 48, 25), 1_542_000_000, 1_557_611_200),
         PublishedSize("Transformer base", transformer_config(512, 8, 2048), 65_000_000),
         PublishedSize("Transformer big", transformer_config(1024, 16, 4096), 213_000_000),
+    ]
+
+
+# ------------------------------------------------------------ BERT
+BERT_VOCAB_SIZE = 30522  # the released English WordPiece vocabulary (uncased)
+
+
+def bert_config(d_model: int, n_layers: int, n_heads: int) -> EncoderOnlyConfig:
+    r"""BERT's encoder stack at one size, as far as this library's encoder-only model goes.
+
+    :cite:t:`devlin2019bert`: a 30,522-token WordPiece vocabulary, 512 learned
+    positions, post-norm blocks, GELU, :math:`d_\text{ff} = 4d`, the output tied to
+    the token embedding. The parts of BERT this model does not have are counted by
+    :func:`~tinyformer.models.counting.bert_extra_terms`.
+    """
+    return EncoderOnlyConfig(
+        vocab_size=BERT_VOCAB_SIZE,
+        d_model=positive_int(d_model, "d_model"),
+        n_heads=n_heads,
+        d_ff=4 * d_model,
+        n_layers=n_layers,
+        max_len=512,
+        norm_first=False,
+        activation="gelu",
+        positional="learned",
+        tie_output=True,
+    )
+
+
+def bert_extra_terms(d_model: int, vocab_size: int = BERT_VOCAB_SIZE) -> dict[str, int]:
+    r"""Parameters of BERT that :func:`bert_config`'s model leaves out, term by term.
+
+    - ``"segment embeddings"``: two rows, sentence A and sentence B, :math:`2d`;
+    - ``"embedding LayerNorm"``: after embedding + position + segment, :math:`2d`;
+    - ``"pooler"``: a :math:`d \times d` dense layer with bias on the first
+      (``[CLS]``) position, :math:`d^2 + d`;
+    - ``"masked-LM head"``: a dense layer, a LayerNorm and a bias on the tied output,
+      :math:`d^2 + d + 2d + V`;
+    - ``"next-sentence head"``: two classes from the pooled vector, :math:`2d + 2`.
+
+    The first three belong to the pre-trained encoder (its released checkpoints hold
+    them), the last two to the pre-training heads.
+    """
+    d = positive_int(d_model, "d_model")
+    v = positive_int(vocab_size, "vocab_size")
+    return {
+        "segment embeddings": 2 * d,
+        "embedding LayerNorm": 2 * d,
+        "pooler": d * d + d,
+        "masked-LM head": d * d + d + 2 * d + v,
+        "next-sentence head": 2 * d + 2,
+    }
+
+
+def bert_sizes() -> list[PublishedSize]:
+    """BERT base and large with the sizes :cite:t:`devlin2019bert` report (110M and 340M).
+
+    The paper gives the sizes in Section 3 as rounded totals with no breakdown. The
+    formula counts this library's encoder-only model of the same shape; the
+    difference is mostly :func:`bert_extra_terms`.
+    """
+    return [
+        PublishedSize("BERT base", bert_config(768, 12, 12), 110_000_000),
+        PublishedSize("BERT large", bert_config(1024, 24, 16), 340_000_000),
     ]

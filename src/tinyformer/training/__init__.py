@@ -1,6 +1,7 @@
 """Training: objectives, shuffled batches, the loop, its history and early stopping.
 
-- :mod:`tinyformer.training.objectives`: :func:`~tinyformer.training.objectives.seq2seq_loss` and :func:`~tinyformer.training.objectives.lm_loss`,
+- :mod:`tinyformer.training.objectives`: :func:`~tinyformer.training.objectives.seq2seq_loss` and :func:`~tinyformer.training.objectives.lm_loss`
+  (and :func:`~tinyformer.training.mlm.mlm_loss` in :mod:`tinyformer.training.mlm`),
   the per-batch loss, gradient and accuracy of each model family
 - :mod:`tinyformer.training.batches`: :class:`~tinyformer.training.batches.WindowDataset` and the shuffled
   :class:`~tinyformer.training.batches.BatchStream` whose position a checkpoint saves
@@ -18,6 +19,7 @@ from tinyformer.training.batches import BatchStream, WindowDataset
 from tinyformer.training.evaluation import EarlyStopping, LossEvaluator
 from tinyformer.training.history import TRAIN_FIELDS, History
 from tinyformer.training.loop import DivergenceError, Trainer
+from tinyformer.training.mlm import mlm_loss
 from tinyformer.training.objectives import Objective, StepResult, lm_loss, seq2seq_loss
 
 __all__ = [
@@ -32,5 +34,6 @@ __all__ = [
     "Trainer",
     "WindowDataset",
     "lm_loss",
+    "mlm_loss",
     "seq2seq_loss",
 ]
