@@ -91,7 +91,7 @@ class MaskingScheme:
     mask_id : int
         The id of ``[MASK]``, not an ordinary token (usually ``vocab_size``).
     select_prob : float
-        :math:`\\rho`, the chance that a position is chosen (BERT: 0.15).
+        :math:`\rho`, the chance that a position is chosen (BERT: 0.15).
     mask_prob, random_prob : float
         Of a chosen position, the chance of ``[MASK]`` (0.8) and of a random
         ordinary token (0.1); the rest (0.1) keeps the token.

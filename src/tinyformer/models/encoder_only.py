@@ -61,7 +61,7 @@ class EncoderOnlyConfig(_Serializable):
     tie_output : bool
         The output projection is the embedding table, transposed.
     scale_embeddings : bool
-        Multiply embeddings by :math:`\\sqrt{d_\\text{model}}`.
+        Multiply embeddings by :math:`\sqrt{d_\text{model}}`.
     pad_id : int or None
         Padding id, hidden from attention by default; ``None`` for data without padding.
     dtype : str
