@@ -26,6 +26,9 @@ UNLOADED_IMAGES = """
   .map(img => img.getAttribute('src'))
 """
 
+# Every image has finished loading, successfully or not (UNLOADED_IMAGES then tells which failed).
+IMAGES_SETTLED = "() => Array.from(document.images).every(img => img.complete)"
+
 # A .math element is rendered when MathJax replaced its TeX with an mjx-container.
 UNRENDERED_MATH = """
 () => {
@@ -96,7 +99,9 @@ def test_page_renders_cleanly(browser, server, screenshots_dir, page_path):
     try:
         has_math = page.evaluate(WAIT_FOR_MATHJAX)
         page.evaluate("() => window.scrollTo(0, document.body.scrollHeight)")
-        page.wait_for_load_state("networkidle")
+        # Images below the fold load after the scroll; wait for them (not for "networkidle",
+        # which any other late request resets: once, on the 1 MB API page, it never came).
+        page.wait_for_function(IMAGES_SETTLED)
         unloaded = page.evaluate(UNLOADED_IMAGES)
         unrendered = page.evaluate(UNRENDERED_MATH) if has_math else []
         if not has_math and page.locator(".math").count():
