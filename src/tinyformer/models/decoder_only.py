@@ -18,6 +18,7 @@ from tinyformer._validation import describe, generator, positive_int
 from tinyformer.blocks import DecoderBlock, DecoderCache
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
 from tinyformer.models._inputs import CausalMasks, check_ids, check_state
+from tinyformer.models._stack import stack_backward
 from tinyformer.models.config import DecoderOnlyConfig
 from tinyformer.models.encoder_decoder import make_positions
 from tinyformer.models.state import DecodeState
@@ -127,19 +128,7 @@ class DecoderOnlyLM(Module):
             :math:`\partial L / \partial z`, the shape ``(B, T, vocab_size)`` and
             dtype of the last :meth:`forward`'s logits.
         """
-        if self._cache is not None:  # check first, so that a bad gradient can be retried
-            self._check_grad(grad_logits, self._cache[0], self.dtype)
-        (shape,) = self._saved()
-        grad = self._check_grad(grad_logits, shape, self.dtype)
-        grad = self.output.backward(grad)  # (B, T, d)
-        if self.final_norm is not None:
-            grad = self.final_norm.backward(grad)
-        for block in reversed(self.layers):
-            grad = block.backward(grad)
-        grad = self.dropout.backward(grad)
-        if self.positions is not None:
-            grad = self.positions.backward(grad)
-        self.embedding.backward(grad)
+        stack_backward(self, grad_logits)
 
     def start(self, batch_size: int) -> DecodeState:
         """An empty state for decoding ``batch_size`` sequences side by side."""

@@ -24,6 +24,7 @@ from tinyformer.blocks import EncoderBlock
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
 from tinyformer.masks import padding_mask
 from tinyformer.models._inputs import check_ids, check_mask
+from tinyformer.models._stack import stack_backward
 from tinyformer.models.config import (
     ENCODER_DECODER_POSITIONS,
     _check_common,
@@ -197,19 +198,7 @@ class EncoderOnlyMLM(Module):
             :math:`\partial L / \partial z`, the shape ``(B, T, vocab_size)`` and
             dtype of the last :meth:`forward`'s logits.
         """
-        if self._cache is not None:  # check first, so that a bad gradient can be retried
-            self._check_grad(grad_logits, self._cache[0], self.dtype)
-        (shape,) = self._saved()
-        grad = self._check_grad(grad_logits, shape, self.dtype)
-        grad = self.output.backward(grad)  # (B, T, d)
-        if self.final_norm is not None:
-            grad = self.final_norm.backward(grad)
-        for block in reversed(self.layers):
-            grad = block.backward(grad)
-        grad = self.dropout.backward(grad)
-        if self.positions is not None:
-            grad = self.positions.backward(grad)
-        self.embedding.backward(grad)
+        stack_backward(self, grad_logits)
 
 
 def trace_encoder_block(
