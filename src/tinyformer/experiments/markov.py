@@ -7,6 +7,7 @@ Its held-out cross-entropy must come within 3% of the source's entropy rate
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from tinyformer.optim import AdamW
 from tinyformer.schedules import WarmupCosineSchedule
 from tinyformer.training import EarlyStopping, Trainer, WindowDataset, lm_loss
 
-__all__ = ["markov_lm", "per_position_loss"]
+__all__ = ["markov_lm", "markov_task", "per_position_loss"]
 
 
 def per_position_loss(model: Any, data: WindowDataset, *, batch_size: int = 256) -> np.ndarray:
@@ -50,6 +51,26 @@ def _markov_metrics(model: Any, data: WindowDataset, source: MarkovSource) -> di
         "loss_all_positions": float(losses.mean()),
         "optimal_all_positions": float(optimal.mean()),
     }
+
+
+def markov_task(
+    seed: int, vocab_size: int, order: int, branching: int
+) -> tuple[MarkovSource, Callable[[int, int, int], WindowDataset]]:
+    """The seeded source of the Markov runs, and a maker of its window streams.
+
+    ``windows(n, length, stream)`` draws ``n`` windows from the independent
+    random stream ``[seed, stream]``: the runs use stream 1 for training, 2 for
+    validation and 3 for the held-out result (stream 0 draws the source).
+    """
+    source = MarkovSource.random(
+        vocab_size, order, branching, rng=np.random.default_rng([seed, 0])
+    )
+
+    def windows(n: int, length: int, stream: int) -> WindowDataset:
+        rng = np.random.default_rng([seed, stream])
+        return WindowDataset(*source.sample_windows(n, length, rng))
+
+    return source, windows
 
 
 def markov_lm(
@@ -122,20 +143,10 @@ def markov_lm(
         :meth:`~tinyformer.data.markov.MarkovSource.optimal_cross_entropy`.
     """
     started = time.perf_counter()
-    source = MarkovSource.random(
-        vocab_size, order, branching, rng=np.random.default_rng([seed, 0])
-    )
-    train = WindowDataset(
-        *source.sample_windows(n_train_windows, context_length, np.random.default_rng([seed, 1]))
-    )
-    validation = WindowDataset(
-        *source.sample_windows(
-            n_validation_windows, context_length, np.random.default_rng([seed, 2])
-        )
-    )
-    heldout = WindowDataset(
-        *source.sample_windows(n_heldout_windows, context_length, np.random.default_rng([seed, 3]))
-    )
+    source, windows = markov_task(seed, vocab_size, order, branching)
+    train = windows(n_train_windows, context_length, 1)
+    validation = windows(n_validation_windows, context_length, 2)
+    heldout = windows(n_heldout_windows, context_length, 3)
     config = DecoderOnlyConfig(
         vocab_size=vocab_size,
         d_model=d_model,

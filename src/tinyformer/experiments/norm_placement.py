@@ -21,7 +21,7 @@ import numpy as np
 
 from tinyformer._validation import positive_int
 from tinyformer.data import MarkovSource
-from tinyformer.experiments.markov import per_position_loss
+from tinyformer.experiments.markov import markov_task, per_position_loss
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.masks import causal_mask
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
@@ -143,15 +143,9 @@ def norm_placement(
     started = time.perf_counter()
     n_layers = positive_int(n_layers, "n_layers")
     max_steps = positive_int(max_steps, "max_steps")
-    source = MarkovSource.random(
-        vocab_size, order, branching, rng=np.random.default_rng([seed, 0])
-    )
-    train = WindowDataset(
-        *source.sample_windows(n_train_windows, context_length, np.random.default_rng([seed, 1]))
-    )
-    heldout = WindowDataset(
-        *source.sample_windows(n_heldout_windows, context_length, np.random.default_rng([seed, 3]))
-    )
+    source, windows = markov_task(seed, vocab_size, order, branching)
+    train = windows(n_train_windows, context_length, 1)
+    heldout = windows(n_heldout_windows, context_length, 3)
     config = DecoderOnlyConfig(
         vocab_size=vocab_size,
         d_model=d_model,
