@@ -37,12 +37,18 @@ extensions = [
     "sphinx.ext.mathjax",
     "local_mathjax",  # serves MathJax from _static/mathjax: no CDN
     "build_report",  # writes build-report.json: phases, pages read and executed
+    "book_a11y",  # fixes to generated markup for assistive technology (bibliography roles)
+    "glossary_tips",  # a term's definition on hover and on keyboard focus, built in
+    "api_pages",  # one API page per module listed in api.md (docs/api/, generated)
+    "book_map",  # the landing page's map of the book, from its toctrees
+    "notebooks",  # every executable page downloadable as .ipynb
     "sphinx_design",
     "sphinx_copybutton",
     "sphinxcontrib.bibtex",
 ]
 
 exclude_patterns = ["_build", "_ext", "**.ipynb_checkpoints", ".jupyter_cache", "jupyter_execute"]
+templates_path = ["_templates"]
 nitpicky = True
 numfig = True
 # Names outside this project that no local inventory describes (intersphinx
@@ -117,8 +123,15 @@ bibtex_reference_style = "author_year"
 html_theme = "sphinx_book_theme"
 html_title = "Understanding Transformers"
 html_static_path = ["_static"]
-html_css_files = ["book.css"]
-html_js_files = ["explorer.js"]
+html_css_files = ["book.css", "explorers.css"]
+# Ranks a chapter whose title names the query above API entries, and keeps TeX out of the
+# result snippets (see the file).
+html_search_scorer = str(DOCS / "_static" / "search-scorer.js")
+# The theme's sidebar, with the book title wrapped in a landmark (_templates/tf-brand.html).
+html_sidebars = {
+    "**": ["tf-brand.html", "icon-links.html", "search-button-field.html", "sbt-sidebar-nav.html"]
+}
+html_js_files = ["explorer.js", "explorers.js"]
 html_last_updated_fmt = None
 html_copy_source = True
 html_theme_options = {

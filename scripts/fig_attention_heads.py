@@ -64,7 +64,7 @@ def main() -> None:
     }
     n_layers = len(model.encoder_layers)
     n_heads = model.config.n_heads
-    fig, axes = new_figure(3 * n_layers, n_heads, size=(7.8, 13.0))
+    fig, axes = new_figure(3 * n_layers, n_heads, height=13.0)
     row = 0
     for kind, layers in kinds.items():
         queries, keys = labels[kind]
@@ -86,11 +86,11 @@ def main() -> None:
                 ax.set_xticks(range(len(keys)), labels=keys, rotation=90, ha="center")
                 if head:
                     ax.set_yticks([])
-                ax.set_title(f"head {head + 1}", fontsize=9)
-            axes[row, 0].set_ylabel(f"{kind}\nlayer {layer}\nquery", fontsize=9)
+                ax.set_title(f"head {head + 1}")
+            axes[row, 0].set_ylabel(f"{kind}\nlayer {layer}\nquery")
             row += 1
     for ax in axes[-1]:
-        ax.set_xlabel("key", fontsize=9)
+        ax.set_xlabel("key")
     fig.colorbar(axes[0, 0].images[0], ax=axes, label="attention weight", shrink=0.5, aspect=30)
     save_figure(fig, folder / "attention_heads.png")
 

@@ -15,7 +15,7 @@ D_MODEL, SEED = 16, 4
 
 
 def main() -> None:
-    """Write attention_heatmap.png: one row of three weight matrices, one per mask."""
+    """Write attention_heatmap.png: three weight matrices, one per mask, two to a row."""
     folder = out_dir(__doc__)
     rng = np.random.default_rng(SEED)
     vocab = {w: i for i, w in enumerate(["<pad>", *dict.fromkeys(WORDS)])}
@@ -38,16 +38,21 @@ def main() -> None:
         (np.where(both[1], with_both[1], np.nan), padded, "causal + padding mask"),
     ]
 
-    fig, axes = new_figure(1, 3, size=(12.0, 4.4))
+    # Two panels per row, so that ten words fit under each panel at the book's width;
+    # the fourth place holds the colour scale and the note on fully masked rows.
+    fig, grid = new_figure(2, 2, height=6.6)
+    axes = [grid[0, 0], grid[0, 1], grid[1, 0]]
     for ax, (weights, words, title) in zip(axes, panels, strict=True):
         heatmap(ax, weights, xlabels=words, ylabels=words, vmin=0, vmax=1, colorbar=False)
         ax.set_title(title)
         ax.set_xlabel("key")
-    axes[0].set_ylabel("query")
-    axes[2].text(
-        len(WORDS) - 1, 1, "rows with every key\nmasked: weights all 0", ha="right", va="center"
-    )
-    fig.colorbar(axes[2].images[0], ax=axes, label="attention weight", shrink=0.9)
+        ax.set_ylabel("query")
+    legend = grid[1, 1]
+    legend.axis("off")
+    colour_scale = legend.inset_axes((0.0, 0.1, 0.07, 0.8))
+    fig.colorbar(axes[0].images[0], cax=colour_scale, label="attention weight")
+    note = "blank: masked keys\n\nthe <pad> rows of\nthe padded sentence\nhave every key\nmasked: weights all 0"
+    legend.text(0.36, 0.5, note, va="center")
     save_figure(fig, folder / "attention_heatmap.png")
 
 

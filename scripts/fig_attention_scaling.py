@@ -10,11 +10,12 @@ from tinyformer.viz import new_figure, save_figure
 
 D_KS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
 SEQ_LEN, SEED = 32, 0
-# Label, colour, line style and marker of each curve, and the power p in the scale s = d_k ** -p.
+# Label of each curve and the power p in the scale s = d_k ** -p; colours, markers and
+# line styles come from the book's style, in this order.
 VARIANTS = [
-    ("no scaling, $s = 1$", "tab:red", "-", "o", 0.0),
-    (r"$s = 1/\sqrt{d_k}$", "tab:blue", "-", "s", 0.5),
-    ("$s = 1/d_k$", "tab:gray", "--", "^", 1.0),
+    ("no scaling, $s = 1$", 0.0),
+    (r"$s = 1/\sqrt{d_k}$", 0.5),
+    ("$s = 1/d_k$", 1.0),
 ]
 
 
@@ -24,42 +25,34 @@ def scale_for(power: float, d_k: int) -> float | None:
 
 
 def main() -> None:
-    """Write attention_scaling.png: three panels against d_k for three choices of scale."""
+    """Write attention_scaling.png: three stacked panels against d_k for three choices of scale."""
     folder = out_dir(__doc__)
-    fig, (ax_std, ax_max, ax_grad) = new_figure(1, 3, size=(11.0, 3.6))
-    for label, colour, style, marker, power in VARIANTS:
+    fig, (ax_std, ax_max, ax_grad) = new_figure(3, 1, height=7.2, sharex=True)
+    for label, power in VARIANTS:
         reports = [
             softmax_saturation(
                 d_k, scale=scale_for(power, d_k), seq_len=SEQ_LEN, rng=np.random.default_rng(SEED)
             )
             for d_k in D_KS
         ]
-        kw = {
-            "color": colour,
-            "linestyle": style,
-            "marker": marker,
-            "markersize": 4,
-            "label": label,
-        }
-        ax_std.plot(D_KS, [r.score_std for r in reports], **kw)
-        ax_max.plot(D_KS, [r.max_weight for r in reports], **kw)
-        ax_grad.plot(D_KS, [r.score_grad_norm for r in reports], **kw)
+        ax_std.plot(D_KS, [r.score_std for r in reports], label=label)
+        ax_max.plot(D_KS, [r.max_weight for r in reports], label=label)
+        ax_grad.plot(D_KS, [r.score_grad_norm for r in reports], label=label)
 
     ax_std.set_yscale("log", base=2)
     ax_std.set_title("spread of the scores")
-    ax_std.set_ylabel("std of the softmax's input")
-    ax_max.axhline(1.0 / SEQ_LEN, color="black", linewidth=0.8, linestyle=":")
-    ax_max.text(300, 2.2 / SEQ_LEN, f"uniform: 1/{SEQ_LEN}", fontsize=8, ha="center")
+    ax_std.set_ylabel("std of the\nsoftmax's input")
+    ax_std.legend(loc="upper left")
+    ax_max.axhline(1.0 / SEQ_LEN, color="black", linewidth=0.8, linestyle=":", marker="")
+    ax_max.text(300, 2.2 / SEQ_LEN, f"uniform: 1/{SEQ_LEN}", ha="center")
     ax_max.set_ylim(0, 1.05)
     ax_max.set_title("how peaked each row is")
-    ax_max.set_ylabel("mean largest weight in a row")
+    ax_max.set_ylabel("mean largest\nweight in a row")
     ax_grad.set_yscale("log")
     ax_grad.set_title("gradient reaching the scores")
-    ax_grad.set_ylabel(r"median norm of a row of $\partial L/\partial S$")
-    for ax in (ax_std, ax_max, ax_grad):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("$d_k$")
-    ax_grad.legend(loc="lower left", fontsize=8)
+    ax_grad.set_ylabel("median norm of a\n" r"row of $\partial L/\partial S$")
+    ax_grad.set_xscale("log", base=2)
+    ax_grad.set_xlabel("$d_k$")
     save_figure(fig, folder / "attention_scaling.png")
 
 

@@ -21,17 +21,17 @@ def main() -> None:
     folder = out_dir(__doc__)
     table = sinusoidal_encoding(N_POSITIONS, D_MODEL)  # (64, 64)
     wavelengths = 2 * np.pi / rotary_frequencies(D_MODEL)
-    fig, (ax_map, ax_cols) = new_figure(1, 2, size=(7.8, 3.6))
+    fig, (ax_map, ax_cols) = new_figure(1, 2, height=3.6)
 
     image = ax_map.imshow(table, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
-    ax_map.set_xlabel("dimension j (even: sin, odd: cos)")
+    ax_map.set_xlabel("dimension j\n(even: sin, odd: cos)")
     ax_map.set_ylabel("position p")
     ax_map.set_title(f"PE[p, j], d_model = {D_MODEL}")
     fig.colorbar(image, ax=ax_map, label="value")
 
     labels = []
-    for row, (pair, marker) in enumerate(zip(PAIRS, "os^D", strict=True)):
-        ax_cols.plot(table[:, 2 * pair] + OFFSET * row, marker=marker, markersize=2.5, lw=1)
+    for row, pair in enumerate(PAIRS):  # markers and line styles from the book's style
+        ax_cols.plot(table[:, 2 * pair] + OFFSET * row, markersize=2.5)
         labels.append(f"pair {pair}\nλ = {wavelengths[pair]:.1f}")
     ax_cols.set_yticks([OFFSET * row for row in range(len(PAIRS))], labels=labels)
     ax_cols.set_xlabel("position p")

@@ -29,8 +29,101 @@ bottom up (each uses only those above it):
   the store that computes each of them once and shares it
 - :mod:`tinyformer.analysis`: measurements the book makes of attention
 - :mod:`tinyformer.viz`: plotting helpers for the book's figures (needs matplotlib)
+
+The names a user reaches for first are also here at the top level (imported on
+first use, so ``import tinyformer`` stays cheap): the models and their
+configurations, the tokenizers, the training loop and its pieces, the
+optimizers and schedules, generation, and saving and loading::
+
+    import tinyformer as tf
+
+    model = tf.DecoderOnlyLM(tf.DecoderOnlyConfig(vocab_size=40), rng=np.random.default_rng(0))
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_TOP_LEVEL = {
+    "tinyformer.models": (
+        "DecoderOnlyConfig",
+        "DecoderOnlyLM",
+        "EncoderDecoder",
+        "EncoderDecoderConfig",
+        "EncoderOnlyConfig",
+        "EncoderOnlyMLM",
+        "load_model",
+    ),
+    "tinyformer.data": (
+        "BPETokenizer",
+        "CharTokenizer",
+        "PairDataset",
+        "WordTokenizer",
+        "load_tokenizer",
+    ),
+    "tinyformer.training": (
+        "BatchStream",
+        "EarlyStopping",
+        "LossEvaluator",
+        "Trainer",
+        "WindowDataset",
+        "lm_loss",
+        "seq2seq_loss",
+    ),
+    "tinyformer.optim": ("SGD", "Adam", "AdamW"),
+    "tinyformer.schedules": ("InverseSqrtSchedule", "WarmupCosineSchedule"),
+    "tinyformer.generation": ("beam_search", "greedy", "sample"),
+    "tinyformer.checkpoint": ("load_checkpoint", "read_checkpoint", "save_checkpoint"),
+}
+_WHERE = {name: module for module, names in _TOP_LEVEL.items() for name in names}
+# __all__ spells the same names out (tools read it without running this module)
+
+__all__ = [  # noqa: RUF022 (the version first, then the names in order)
+    "__version__",
+    "Adam",
+    "AdamW",
+    "BPETokenizer",
+    "BatchStream",
+    "CharTokenizer",
+    "DecoderOnlyConfig",
+    "DecoderOnlyLM",
+    "EarlyStopping",
+    "EncoderDecoder",
+    "EncoderDecoderConfig",
+    "EncoderOnlyConfig",
+    "EncoderOnlyMLM",
+    "InverseSqrtSchedule",
+    "LossEvaluator",
+    "PairDataset",
+    "SGD",
+    "Trainer",
+    "WarmupCosineSchedule",
+    "WindowDataset",
+    "WordTokenizer",
+    "beam_search",
+    "greedy",
+    "lm_loss",
+    "load_checkpoint",
+    "load_model",
+    "load_tokenizer",
+    "read_checkpoint",
+    "sample",
+    "save_checkpoint",
+    "seq2seq_loss",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a top-level name's module the first time the name is used (PEP 562)."""
+    if name not in _WHERE:
+        raise AttributeError(f"module 'tinyformer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

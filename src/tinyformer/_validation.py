@@ -22,6 +22,26 @@ def describe(x: object) -> str:
     return f"{type(x).__name__} {x!r}"[:120]
 
 
+def as_array(value: object, name: str) -> np.ndarray:
+    """``np.asarray(value)``, with an error naming ``name`` when ``value`` is ragged.
+
+    NumPy refuses nested sequences of unequal lengths with a message about an
+    "inhomogeneous shape" that names nothing of the caller's; this says which
+    argument it was and how long its rows were.
+    """
+    try:
+        return np.asarray(value)
+    except ValueError as error:
+        if "inhomogeneous" not in str(error):
+            raise
+        lengths = [len(row) if hasattr(row, "__len__") else "scalar" for row in value]  # type: ignore[attr-defined]
+        shown = ", ".join(map(str, lengths[:8])) + (", ..." if len(lengths) > 8 else "")
+        raise ValueError(
+            f"{name} must be a rectangular array (every row the same length: pad the shorter"
+            f" rows), got rows of lengths {shown}"
+        ) from None
+
+
 def positive_int(value: object, name: str) -> int:
     """Return ``value`` as an ``int`` if it is a positive integer, else raise."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -134,7 +154,7 @@ def bool_mask(mask: object, name: str, target_shape: tuple[int, ...]) -> np.ndar
 
 def token_ids(ids: object, name: str, vocab_size: int | None = None) -> np.ndarray:
     """Return ``ids`` as an integer array of valid token ids (0 <= id < vocab_size)."""
-    arr = np.asarray(ids)
+    arr = as_array(ids, name)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must be an integer array of token ids, got {describe(arr)}")
     if arr.size and arr.min() < 0:

@@ -42,6 +42,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from tinyformer._validation import describe, non_negative_int
+from tinyformer.data.tokenizers import Tokenizer, tokenizer_from_dict
 from tinyformer.module import Module
 from tinyformer.optim import Optimizer
 
@@ -150,6 +151,7 @@ def save_checkpoint(
     generators: Mapping[str, np.random.Generator] | None = None,
     extra: Mapping[str, Any] | None = None,
     extra_arrays: Mapping[str, np.ndarray] | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> Path:
     """Write a checkpoint to ``path`` atomically.
 
@@ -171,6 +173,9 @@ def save_checkpoint(
         JSON-able values of the caller (e.g. a data stream's position).
     extra_arrays : dict of str to numpy.ndarray, optional
         Arrays of the caller (numeric, not object arrays).
+    tokenizer : Tokenizer, optional
+        The tokenizer the model reads, stored with it (:attr:`Checkpoint.tokenizer`
+        gives it back).
 
     Returns
     -------
@@ -187,6 +192,10 @@ def save_checkpoint(
             f"optimizer must be a tinyformer Optimizer or None, got {describe(optimizer)}"
         )
     step = non_negative_int(step, "step")
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise TypeError(
+            f"tokenizer must be a tinyformer Tokenizer or None, got {describe(tokenizer)}"
+        )
     named = _all_generators(model, generators)
 
     arrays = {f"model/{name}": value for name, value in model.state_dict().items()}
@@ -214,6 +223,7 @@ def save_checkpoint(
         "history": None if history is None else history.to_dict(),
         "generators": {name: _to_json(g.bit_generator.state) for name, g in named.items()},
         "extra": _to_json(dict(extra or {})),
+        "tokenizer": None if tokenizer is None else tokenizer.to_dict(),
     }
     blob = np.frombuffer(json.dumps(metadata).encode("utf-8"), dtype=np.uint8)
     write_atomically(path, lambda file: np.savez(file, **{_METADATA: blob}, **arrays))
@@ -277,6 +287,12 @@ class Checkpoint:
     def extra(self) -> dict[str, Any]:
         """The caller's extra values."""
         return _from_json(self.metadata["extra"])
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer saved with the model, rebuilt, or None."""
+        saved = self.metadata.get("tokenizer")
+        return None if saved is None else tokenizer_from_dict(saved)
 
     def group(self, prefix: str) -> dict[str, np.ndarray]:
         """The arrays of one group (``"model"``, ``"optimizer"`` or ``"extra"``), without the prefix."""
@@ -438,6 +454,11 @@ def _decode_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
             raise ValueError(  # noqa: TRY004 (a bad file is a ValueError, whatever is wrong in it)
                 f"checkpoint {path}: the metadata entry {key!r} is missing or malformed"
             )
+    tokenizer = metadata.get("tokenizer")  # absent from files written before it was kept
+    if not isinstance(tokenizer, dict | None):
+        raise ValueError(  # noqa: TRY004 (a bad file is a ValueError)
+            f"checkpoint {path}: the metadata entry 'tokenizer' is malformed"
+        )
     if not {"class", "config"} <= metadata["model"].keys():
         raise ValueError(
             f"checkpoint {path}: the metadata entry 'model' lacks 'class' or 'config'"

@@ -190,13 +190,20 @@ def linear_attention_backward(
 
 # ------------------------------------------------------------- tiled attention
 def _check_tiled(
-    q: object, k: object, v: object, mask: object, block_size: object
+    q: object, k: object, v: object, mask: object, block_size: object, causal: object
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, int, tuple[int, ...]]:
     q, k, v = _check_qkv(q, k, v)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not np.isfinite(x).all():
             raise ValueError(f"{name} must not contain NaN or inf")
     block = positive_int(block_size, "block_size")
+    if not isinstance(causal, bool | np.bool_):
+        raise TypeError(f"causal must be True or False, got {type(causal).__name__}")
+    if causal and k.shape[-2] < q.shape[-2]:
+        raise ValueError(
+            "causal tiled attention needs at least as many keys as queries (queries are the"
+            f" last positions), got q of shape {q.shape} and k of shape {k.shape}"
+        )
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     allowed = None
     if mask is not None:
@@ -205,14 +212,29 @@ def _check_tiled(
 
 
 def _tile_scores(
-    q: np.ndarray, k_tile: np.ndarray, scale: float, allowed: np.ndarray | None, keys: slice
+    q: np.ndarray,
+    k_tile: np.ndarray,
+    scale: float,
+    allowed: np.ndarray | None,
+    keys: slice,
+    causal: bool,
+    t_k: int,
 ) -> np.ndarray:
-    """Scaled scores of every query against one tile of keys, masked to ``-inf``."""
+    """Scaled scores of every query against one tile of keys, masked to ``-inf``.
+
+    The causal mask of the tile is built from positions here, so no ``(T_q, T_k)``
+    mask ever exists; queries are the last ``T_q`` of the ``t_k`` positions.
+    """
     scores = q @ np.swapaxes(k_tile, -1, -2)  # (..., T_q, tile)
     scores *= scale
     if allowed is not None:
-        tile_mask = allowed if allowed.shape[-1] == 1 else allowed[..., keys]
-        scores = np.where(tile_mask, scores, -np.inf)
+        whole = allowed.ndim == 0 or allowed.shape[-1] == 1  # broadcast over keys
+        scores = np.where(allowed if whole else allowed[..., keys], scores, -np.inf)
+    if causal:
+        t_q = q.shape[-2]
+        query_position = np.arange(t_k - t_q, t_k)[:, None]  # (T_q, 1)
+        key_position = np.arange(keys.start, keys.stop)[None, :]  # (1, tile)
+        scores = np.where(key_position <= query_position, scores, -np.inf)
     return scores
 
 
@@ -223,6 +245,7 @@ def tiled_attention(
     mask: np.ndarray | None = None,
     *,
     block_size: int = 64,
+    causal: bool = False,
     scale: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""Exact softmax attention over tiles of keys, with an online softmax.
@@ -249,6 +272,11 @@ def tiled_attention(
         Broadcastable to ``(..., T_q, T_k)``; True where a query may attend.
     block_size : int
         Number of keys per tile.
+    causal : bool
+        Query :math:`i` sees keys :math:`j \le i` only, with the queries aligned to
+        the last keys as in :func:`~tinyformer.masks.causal_mask`; the mask is built
+        tile by tile, so it never takes :math:`T_q \times T_k` memory. Combines
+        with ``mask`` (a key must be allowed by both).
     scale : float, optional
         Score scale, :math:`1/\sqrt{d_k}` by default.
 
@@ -260,15 +288,17 @@ def tiled_attention(
         :math:`m + \log \ell` per query, ``(..., T_q)``: all the backward pass
         needs to rebuild any tile's weights.
     """
-    q, k, v, allowed, block, batch = _check_tiled(q, k, v, mask, block_size)
+    q, k, v, allowed, block, batch = _check_tiled(q, k, v, mask, block_size, causal)
     s = _scale(scale, q.shape[-1])
     t_q, t_k = q.shape[-2], k.shape[-2]
     running_max = np.full((*batch, t_q, 1), -np.inf, dtype=q.dtype)
     running_sum = np.zeros((*batch, t_q, 1), dtype=q.dtype)
     acc = np.zeros((*batch, t_q, v.shape[-1]), dtype=q.dtype)  # (..., T_q, d_v)
+    # online-softmax-begin
     for start in range(0, t_k, block):
         keys = slice(start, min(start + block, t_k))
-        scores = _tile_scores(q, k[..., keys, :], s, allowed, keys)  # (..., T_q, tile)
+        k_tile = k[..., keys, :]  # (..., tile, d_k)
+        scores = _tile_scores(q, k_tile, s, allowed, keys, causal, t_k)  # (..., T_q, tile)
         new_max = np.maximum(running_max, scores.max(axis=-1, keepdims=True))
         shift = np.where(new_max == -np.inf, 0, new_max)  # rows masked so far stay at 0 weight
         p = np.exp(scores - shift)  # (..., T_q, tile)
@@ -276,6 +306,7 @@ def tiled_attention(
         running_sum = running_sum * correction + p.sum(axis=-1, keepdims=True)
         acc = acc * correction + p @ v[..., keys, :]
         running_max = new_max
+    # online-softmax-end
     empty = running_sum == 0  # every key masked
     output = acc / np.where(empty, 1, running_sum)
     with np.errstate(divide="ignore"):
@@ -293,6 +324,7 @@ def tiled_attention_backward(
     mask: np.ndarray | None = None,
     *,
     block_size: int = 64,
+    causal: bool = False,
     scale: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""Gradients of :func:`tiled_attention`, one tile of keys at a time.
@@ -307,14 +339,14 @@ def tiled_attention_backward(
         \quad
         \frac{\partial L}{\partial K_\text{tile}} = s \Bigl(\frac{\partial L}{\partial S}\Bigr)^{\!\top} Q.
 
-    Pass the same ``mask``, ``block_size`` and ``scale`` as in the forward pass.
+    Pass the same ``mask``, ``block_size``, ``causal`` and ``scale`` as in the forward pass.
 
     Returns
     -------
     tuple of numpy.ndarray
         ``(grad_q, grad_k, grad_v)`` shaped like ``q``, ``k``, ``v``.
     """
-    q, k, v, allowed, block, batch = _check_tiled(q, k, v, mask, block_size)
+    q, k, v, allowed, block, batch = _check_tiled(q, k, v, mask, block_size, causal)
     s = _scale(scale, q.shape[-1])
     t_q, t_k = q.shape[-2], k.shape[-2]
     out_shape = (*batch, t_q, v.shape[-1])
@@ -333,14 +365,18 @@ def tiled_attention_backward(
     grad_q = np.zeros((*batch, t_q, q.shape[-1]), dtype=q.dtype)
     grad_k = np.empty((*batch, t_k, k.shape[-1]), dtype=q.dtype)
     grad_v = np.empty((*batch, t_k, v.shape[-1]), dtype=q.dtype)
+    # tiled-backward-begin
     for start in range(0, t_k, block):
         keys = slice(start, min(start + block, t_k))
-        p = np.exp(_tile_scores(q, k[..., keys, :], s, allowed, keys) - lse)  # (..., T_q, tile)
+        k_tile = k[..., keys, :]  # (..., tile, d_k)
+        scores = _tile_scores(q, k_tile, s, allowed, keys, causal, t_k)  # (..., T_q, tile)
+        p = np.exp(scores - lse)  # the tile's weights, rebuilt
         grad_v[..., keys, :] = np.swapaxes(p, -1, -2) @ grad
-        grad_scores = p * (grad @ np.swapaxes(v[..., keys, :], -1, -2) - row_term)
+        grad_scores = p * (grad @ np.swapaxes(v[..., keys, :], -1, -2) - row_term)  # dL/dS
         grad_scores *= s
-        grad_q += grad_scores @ k[..., keys, :]
+        grad_q += grad_scores @ k_tile
         grad_k[..., keys, :] = np.swapaxes(grad_scores, -1, -2) @ q
+    # tiled-backward-end
     return (
         _unbroadcast(grad_q, q.shape),
         _unbroadcast(grad_k, k.shape),

@@ -94,10 +94,12 @@ def sliding_window_mask(seq_len: int, window: int, *, causal: bool = True) -> np
 def strided_mask(seq_len: int, stride: int, *, causal: bool = True) -> np.ndarray:
     r"""The strided sparse pattern of :cite:t:`child2019sparse`.
 
-    Query ``i`` sees the keys within ``stride`` positions of it (local part)
-    and every key at a distance that is a multiple of ``stride`` (strided
+    Every query attends; what is thinned out is the set of *keys* each one
+    sees. Query ``i`` sees the keys within ``stride`` positions of it (local
+    part) and every key at a distance that is a multiple of ``stride`` (strided
     part). With ``stride`` near :math:`\sqrt{n}`, each query sees about
-    :math:`2\sqrt{n}` keys instead of :math:`n`.
+    :math:`2\sqrt{n}` keys instead of :math:`n`, and two layers of the pattern
+    connect every position to every later one.
 
     Returns
     -------

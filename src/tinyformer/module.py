@@ -165,6 +165,18 @@ class Module:
         """Switch to evaluation mode (dropout off); same as ``train(False)``."""
         return self.train(False)
 
+    def __repr__(self) -> str:
+        """The class, its configuration if it has one, its parameter count and its mode.
+
+        For example ``DecoderOnlyLM(DecoderOnlyConfig(vocab_size=10, ...), 1,234 parameters,
+        evaluation mode)``.
+        """
+        config = getattr(self, "config", None)
+        parts = [] if config is None else [repr(config)]
+        parts.append(f"{self.num_parameters():,} parameters")
+        parts.append("training mode" if self.training else "evaluation mode")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
     # ------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of every parameter value, keyed by dotted name."""

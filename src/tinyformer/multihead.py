@@ -24,7 +24,7 @@ from tinyformer._validation import (
     positive_float,
     positive_int,
 )
-from tinyformer.attention import scaled_dot_product_attention
+from tinyformer.attention import _scale, scaled_dot_product_attention
 from tinyformer.functional import _shifted_max
 from tinyformer.layers import Dropout, glorot_uniform, sum_rows
 from tinyformer.module import Module, Parameter
@@ -233,7 +233,8 @@ class MultiHeadAttention(Module):
     ``i d_k .. (i+1) d_k - 1`` of each third.
 
     Backward, per head, with :math:`A` the weights, :math:`O = A V` the head
-    output, :math:`G = \partial L/\partial O` and :math:`s = 1/\sqrt{d_k}`:
+    output, :math:`G = \partial L/\partial O` and :math:`s` the score scale
+    (:math:`1/\sqrt{d_k}` unless ``scale`` says otherwise):
 
     .. math::
         \frac{\partial L}{\partial V} = A^\top G, \quad
@@ -264,11 +265,16 @@ class MultiHeadAttention(Module):
         in self-attention; with a cache, new positions continue after the cached ones.
     rotary_base : float
         The frequency base of the rotation.
+    scale : float, optional
+        Factor :math:`s` applied to the scores; ``None`` (the default) means
+        :math:`1/\sqrt{d_k}`. ``scale=1.0`` removes the scaling (an ablation).
     dtype : float32 or float64
         Dtype of parameters and accepted inputs.
 
     Attributes
     ----------
+    scale : float
+        The factor :math:`s` in use.
     attention_weights : numpy.ndarray
         After each forward, the weights ``(B, h, T_q, T_k)`` (before dropout),
         for figures.
@@ -284,6 +290,7 @@ class MultiHeadAttention(Module):
         bias: bool = True,
         rotary: bool = False,
         rotary_base: float = 10000.0,
+        scale: float | None = None,
         dtype: object = np.float64,
     ) -> None:
         super().__init__()
@@ -300,7 +307,7 @@ class MultiHeadAttention(Module):
         self.rotary = bool(rotary)
         self.rotary_base = positive_float(rotary_base, "rotary_base")
         self.dtype = float_dtype(dtype)
-        self.scale = 1.0 / math.sqrt(self.d_k)  # a Python float: float32 stays float32
+        self.scale = _scale(scale, self.d_k)  # a Python float: float32 stays float32
         rng = generator(rng)
         d = self.d_model
         projections = [glorot_uniform(d, d, rng=rng, dtype=self.dtype) for _ in range(3)]

@@ -35,7 +35,15 @@ from tinyformer._validation import (
 from tinyformer.module import Parameter
 from tinyformer.schedules import Schedule
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm", "grad_norm"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Optimizer",
+    "clip_grad_norm",
+    "grad_norm",
+    "one_dimensional",
+]
 
 
 def _check_parameters(parameters: object) -> list[Parameter]:
@@ -329,6 +337,12 @@ class Adam(Optimizer):
         :math:`\epsilon > 0`.
     weight_decay : float
         :math:`\lambda \ge 0`.
+    no_decay : list of Parameter, optional
+        Parameters (among ``parameters``) that are never decayed. The usual
+        choice is biases and normalization gains, the parameters with fewer
+        than two dimensions: ``no_decay=one_dimensional(model.parameters())``
+        (:func:`one_dimensional`). The default decays every parameter, as the
+        book's runs do.
     """
 
     buffer_names = ("exp_avg", "exp_avg_sq")
@@ -342,9 +356,11 @@ class Adam(Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        no_decay: Iterable[Parameter] = (),
     ) -> None:
         super().__init__(parameters, lr)
         self._configure(betas=betas, eps=eps, weight_decay=weight_decay)
+        self._decays = _decay_flags(self.parameters, no_decay)
 
     def hyperparameters(self) -> dict[str, Any]:
         """``betas``, ``eps`` and ``weight_decay``."""
@@ -364,10 +380,11 @@ class Adam(Optimizer):
         beta1, beta2 = self.betas
         t = self.step_count
         g = p.grad
+        decay = self.weight_decay if self._decays[i] else 0.0
         if self._decoupled:
-            p.value *= 1.0 - lr * self.weight_decay
-        elif self.weight_decay:
-            g = g + self.weight_decay * p.value
+            p.value *= 1.0 - lr * decay
+        elif decay:
+            g = g + decay * p.value
         m, v = self.buffers["exp_avg"][i], self.buffers["exp_avg_sq"][i]
         m *= beta1
         m += (1.0 - beta1) * g
@@ -402,8 +419,38 @@ class AdamW(Adam):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.01,
+        no_decay: Iterable[Parameter] = (),
     ) -> None:
-        super().__init__(parameters, lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(
+            parameters, lr, betas=betas, eps=eps, weight_decay=weight_decay, no_decay=no_decay
+        )
+
+
+def one_dimensional(parameters: Iterable[Parameter]) -> list[Parameter]:
+    """The parameters with fewer than two dimensions: biases and normalization gains.
+
+    What weight decay usually leaves alone (``AdamW(..., no_decay=one_dimensional(ps))``):
+    they set offsets and scales rather than mixing features, and shrinking
+    them toward zero has no regularizing reason.
+    """
+    return [p for p in _check_parameters(parameters) if p.value.ndim < 2]
+
+
+def _decay_flags(parameters: list[Parameter], no_decay: object) -> list[bool]:
+    """For each parameter, whether weight decay applies to it (False for those in ``no_decay``)."""
+    if isinstance(no_decay, Parameter) or not isinstance(no_decay, Iterable):
+        raise TypeError(f"no_decay must be an iterable of Parameter, got {describe(no_decay)}")
+    exempt = list(no_decay)
+    known = {id(p) for p in parameters}
+    for i, p in enumerate(exempt):
+        if not isinstance(p, Parameter):
+            raise TypeError(f"no_decay[{i}] must be a Parameter, got {describe(p)}")
+        if id(p) not in known:
+            raise ValueError(
+                f"no_decay[{i}] is not one of the optimizer's parameters (of shape {p.shape})"
+            )
+    exempt_ids = {id(p) for p in exempt}
+    return [id(p) not in exempt_ids for p in parameters]
 
 
 def grad_norm(parameters: Iterable[Parameter]) -> float:

@@ -47,6 +47,7 @@ from tinyformer.positional import (
     SinusoidalPositionalEncoding,
 )
 from tinyformer.quantization import QuantizedLinear
+from tinyformer.recompute import Checkpointed
 from tinyformer.rnn import ElmanRNN
 
 __all__ = [
@@ -294,6 +295,20 @@ def _encoder_block(rng):
     ]
 
 
+def _checkpointed(rng):
+    blocks = [_jitter(EncoderBlock(D, HEADS, D_FF, rng=rng), rng) for _ in range(2)]
+    x = _x(rng, B, T, D)
+    return [
+        GradientCheck(
+            "Checkpointed (two encoder blocks, recomputed in backward)",
+            Checkpointed(blocks),
+            (x,),
+            ("x",),
+            kwargs={"mask": _padding((3, 2), T)},
+        )
+    ]
+
+
 def _decoder_block(rng):
     full = _jitter(DecoderBlock(D, HEADS, D_FF, rng=rng), rng)
     alone = _jitter(
@@ -409,6 +424,7 @@ RECIPES: dict[type[Module], Callable[[np.random.Generator], list[GradientCheck]]
     MultiHeadAttention: _attention,
     EncoderBlock: _encoder_block,
     DecoderBlock: _decoder_block,
+    Checkpointed: _checkpointed,
     EncoderDecoder: _encoder_decoder,
     DecoderOnlyLM: _decoder_only,
     EncoderOnlyMLM: _encoder_only,

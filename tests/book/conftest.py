@@ -11,9 +11,11 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -108,3 +110,57 @@ def browser() -> Iterator[object]:
         )
         yield chromium
         chromium.close()
+
+
+@dataclass
+class Visit:
+    """A page open in its own browser context, with what went wrong while it loaded."""
+
+    page: object
+    context: object
+    console_errors: list[str] = field(default_factory=list)
+    off_host_requests: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Close the page's context."""
+        self.context.close()
+
+
+def block_off_host(context: object, record: list[str]) -> None:
+    """Abort (and record) every request of ``context`` that would leave 127.0.0.1."""
+
+    def route(request_route: object) -> None:
+        url = request_route.request.url
+        if url.startswith(("http:", "https:")) and urlsplit(url).hostname != "127.0.0.1":
+            record.append(url)
+            request_route.abort()
+        else:
+            request_route.continue_()
+
+    context.route("**/*", route)
+
+
+@pytest.fixture
+def visit(browser, server) -> Iterator[Callable[..., Visit]]:
+    """Open a page of the book (path relative to its root) in a fresh context; closed after."""
+    opened: list[Visit] = []
+
+    def open_page(path: str, *, width: int = 1280, height: int = 900) -> Visit:
+        context = browser.new_context(viewport={"width": width, "height": height})
+        context.set_default_timeout(120_000)
+        result = Visit(page=None, context=context)
+        block_off_host(context, result.off_host_requests)
+        page = context.new_page()
+        page.on(
+            "console",
+            lambda msg: result.console_errors.append(msg.text) if msg.type == "error" else None,
+        )
+        page.on("pageerror", lambda exc: result.console_errors.append(f"uncaught: {exc}"))
+        page.goto(server + path, wait_until="networkidle")
+        result.page = page
+        opened.append(result)
+        return result
+
+    yield open_page
+    for item in opened:
+        item.close()

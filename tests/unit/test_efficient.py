@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -171,3 +173,79 @@ def test_float32_in_float32_out(rng, dtype):
     assert lse.dtype == dtype
     grads = tiled_attention_backward(out, q, k, v, out, lse, causal_mask(5), block_size=2)
     assert all(g.dtype == dtype for g in grads)
+
+
+@given(seeds, st.integers(1, 6), st.integers(0, 3), st.integers(1, 8))
+def test_causal_option_equals_the_causal_mask(seed, t_q, extra_keys, block_size):
+    rng = np.random.default_rng(seed)
+    t_k = t_q + extra_keys
+    q, k, v = _qkv(rng, batch=(2,), t_q=t_q, t_k=t_k)
+    mask = causal_mask(t_q, t_k)
+    out, lse = tiled_attention(q, k, v, block_size=block_size, causal=True)
+    expected, expected_lse = tiled_attention(q, k, v, mask, block_size=block_size)
+    np.testing.assert_allclose(out, expected, atol=1e-12)
+    np.testing.assert_allclose(lse, expected_lse, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    got = tiled_attention_backward(g, q, k, v, out, lse, block_size=block_size, causal=True)
+    want = tiled_attention_backward(g, q, k, v, out, lse, mask, block_size=block_size)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+def test_causal_option_combines_with_a_mask(rng):
+    q, k, v = _qkv(rng, batch=(2,), t_q=5, t_k=5)
+    keep = rng.random((2, 5, 5)) < 0.6
+    out, _ = tiled_attention(q, k, v, keep, block_size=2, causal=True)
+    expected, _ = scaled_dot_product_attention(q, k, v, keep & causal_mask(5))
+    np.testing.assert_allclose(out, expected, atol=1e-12)
+
+
+def test_causal_tiled_gradients(rng):
+    q, k, v = _qkv(rng, batch=(2,), t_q=4, t_k=6)
+    options = {"block_size": 4, "causal": True}
+    out, lse = tiled_attention(q, k, v, **options)
+    g = rng.standard_normal(out.shape)
+    grads = tiled_attention_backward(g, q, k, v, out, lse, **options)
+    for analytic, x in zip(grads, (q, k, v), strict=True):
+        numeric = numerical_gradient(lambda: tiled_attention(q, k, v, **options)[0] * g, x)
+        assert max_relative_error(analytic, numeric) < 1e-6
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_a_scalar_mask_broadcasts_over_everything(rng, allowed):
+    q, k, v = _qkv(rng, batch=(1,), t_q=3, t_k=7)
+    out, _ = tiled_attention(q, k, v, np.bool_(allowed), block_size=2)
+    expected, _ = scaled_dot_product_attention(q, k, v, np.full((3, 7), allowed))
+    np.testing.assert_allclose(out, expected, atol=1e-12)
+
+
+def test_tiling_keeps_memory_linear_in_the_length(rng):
+    """The peak allocation is a few (T, block) tiles, far below one (T, T) matrix."""
+    t, block = 1024, 16
+    q, k, v = rng.standard_normal((3, t, 8))
+    tracemalloc.start()
+    tiled_attention(q, k, v, block_size=block, causal=True)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 * t * t / 8  # an eighth of the float64 score matrix
+    assert peak < 16 * 8 * t * block  # a bounded number of (T, block) tiles
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda q: tiled_attention(q, q[:, :2], q[:, :2], causal=True), ValueError, "causal"),
+        (lambda q: tiled_attention(q, q, q, causal=1), TypeError, "causal must be True"),
+        (lambda q: tiled_attention(q, q, q, block_size=0), ValueError, "block_size"),
+        (lambda q: tiled_attention(q, q, q, np.ones((4, 4))), TypeError, "mask must be a"),
+        (lambda q: tiled_attention(q, q, q, np.ones((3, 4), bool)), ValueError, "mask of shape"),
+        (lambda q: linear_attention(q, q, q, feature_map="exp"), ValueError, "feature_map"),
+        (lambda q: linear_attention(q, q[:, :2], q[:, :2], causal=True), ValueError, "causal"),
+        (lambda q: linear_attention(q, q, q, eps=0.0), ValueError, "eps"),
+    ],
+)
+def test_bad_input_is_named(call, error, words):
+    q = np.ones((1, 4, 2))
+    with pytest.raises(error) as info:
+        call(q)
+    assert words in str(info.value)

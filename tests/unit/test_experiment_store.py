@@ -219,6 +219,10 @@ def test_the_command_line_uses_the_store(tmp_path, monkeypatch, capsys, experime
     out = capsys.readouterr().out
     assert out.count("reversal (seed 2)") == 2
     assert experiments["rev"].calls == 1
+    # The first call says what it trains before the wait; the second trains nothing.
+    assert out.count("training rev(seed=2) ...") == 1
+    assert out.index("0 run(s) stored; training 1") < out.index("training rev(seed=2) ...")
+    assert out.index("training rev(seed=2) ...") < out.index("reversal (seed 2)")
     with pytest.raises(SystemExit):
         main(["nonsense", "--store", str(tmp_path)])
     assert "unknown experiment" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import numpy as np
 import pytest
@@ -360,11 +361,12 @@ def test_beam_search_stops_when_no_live_beam_can_win():
     table[:, EOS] = 0.0  # EOS is the most likely token at once (p = 0.73)
     table[:, 4] = -1.0
     model = toys.ToyLM(toys.bigram(table), 5)
-    result = beam_search(model, np.array([3]), beam_size=2, max_new_tokens=10, length_penalty=0.0)
+    search = partial(beam_search, model, np.array([3]), beam_size=2, max_new_tokens=10, eos_id=EOS)
+    result = search(length_penalty=0.0)
     np.testing.assert_array_equal(result.best.tokens, [EOS])
     assert result.steps == 1
     # with a length penalty, longer hypotheses might still win, so the search goes on
-    longer = beam_search(model, np.array([3]), beam_size=2, max_new_tokens=10, length_penalty=3.0)
+    longer = search(length_penalty=3.0)
     assert longer.steps > 1
 
 
@@ -478,8 +480,15 @@ BAD = [
     ("decoder-only", np.array([1.0, 2.0]), {}, TypeError, "prompt"),
     ("decoder-only", np.array([1, 6]), {}, ValueError, "vocabulary size 6"),
     ("decoder-only", np.array([-1, 2]), {}, ValueError, "prompt"),
-    ("decoder-only", np.ones(9, dtype=int), {}, ValueError, "context length 8"),
-    ("decoder-only", np.ones(5, dtype=int), {"max_new_tokens": 4}, ValueError, "at most 3"),
+    ("decoder-only", np.ones(9, dtype=int), {"overflow": "error"}, ValueError, "context length 8"),
+    (
+        "decoder-only",
+        np.ones(5, dtype=int),
+        {"max_new_tokens": 4, "overflow": "error"},
+        ValueError,
+        "at most 3",
+    ),
+    ("decoder-only", np.ones(5, dtype=int), {"overflow": "clip"}, ValueError, "overflow must be"),
     ("decoder-only", np.ones(2, dtype=int), {"max_new_tokens": 0}, ValueError, "max_new_tokens"),
     ("decoder-only", np.ones(2, dtype=int), {"max_new_tokens": 2.0}, TypeError, "max_new_tokens"),
     ("decoder-only", np.ones(2, dtype=int), {"max_new_tokens": True}, TypeError, "max_new_tokens"),
@@ -585,10 +594,53 @@ def test_bad_options_fail_clearly_before_any_work(call, error, words):
 
 def test_real_models_refuse_long_prompts_by_name():
     with pytest.raises(ValueError, match="context length 24"):
-        greedy(small_lm(0), np.ones(25, dtype=int) * 4, max_new_tokens=1)
-    with pytest.raises(ValueError, match="max_new_tokens can be at most 4"):
+        greedy(small_lm(0), np.ones(25, dtype=int) * 4, max_new_tokens=1, overflow="error")
+    with pytest.raises(ValueError, match=r"max_new_tokens can be at most 4.*overflow='slide'"):
         sample(
-            small_lm(0), np.ones(20, dtype=int) * 4, rng=np.random.default_rng(0), max_new_tokens=5
+            small_lm(0),
+            np.ones(20, dtype=int) * 4,
+            rng=np.random.default_rng(0),
+            max_new_tokens=5,
+            overflow="error",
         )
+    with pytest.raises(ValueError, match="overflow must be one of 'slide', 'error'"):
+        greedy(small_lm(0), np.ones(2, dtype=int) * 4, max_new_tokens=1, overflow="wrap")
     with pytest.raises(ValueError, match="vocabulary size 11"):
         greedy(small_lm(0), np.array([3, 11]), max_new_tokens=1)
+
+
+# ------------------------------------------------------ past the context length
+def _greedy_by_hand(model, prompt, n_new):
+    """Greedy decoding written out: at every step, the full forward pass over the last window."""
+    tokens = list(prompt)
+    window = model.max_positions
+    for _ in range(n_new):
+        logits = model.forward(np.array([tokens[-window:]]))[0, -1]
+        tokens.append(int(np.argmax(logits)))
+    return tokens[len(prompt) :]
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("prompt_length", [3, 24, 30])
+def test_generation_slides_past_the_context_like_a_fresh_forward_pass(use_cache, prompt_length):
+    model = small_lm(1).eval()  # context length 24
+    prompt = np.random.default_rng(prompt_length).integers(3, 11, size=prompt_length)
+    result = greedy(model, prompt, max_new_tokens=40, eos_id=None, use_cache=use_cache)
+    np.testing.assert_array_equal(result.tokens[0], _greedy_by_hand(model, prompt, 40))
+
+
+def test_sampling_and_beam_search_slide_too():
+    model = small_lm(2).eval()
+    prompt = np.array([[4, 5, 6], [7, 8, 9]])
+    runs = [
+        sample(model, prompt, rng=np.random.default_rng(5), max_new_tokens=50, use_cache=flag)
+        for flag in (True, False)
+    ]
+    assert [len(t) for t in runs[0].tokens] == [50, 50]
+    assert all(np.array_equal(a, b) for a, b in zip(runs[0].tokens, runs[1].tokens, strict=True))
+    beams = [
+        beam_search(model, prompt[0], beam_size=3, max_new_tokens=30, eos_id=None, use_cache=flag)
+        for flag in (True, False)
+    ]
+    np.testing.assert_array_equal(beams[0].best.tokens, beams[1].best.tokens)
+    assert len(beams[0].best.tokens) == 30

@@ -132,9 +132,15 @@ def test_speculative_decoding_stops_at_eos():
     table = np.full((5, 5), -6.0)
     table[3, 4] = table[4, EOS] = table[EOS, 3] = 6.0  # 3 -> 4 -> EOS -> 3 ...
     model = toys.ToyLM(toys.bigram(table), 5)
-    result = speculative_decode(model, model, np.array([3]), max_new_tokens=10, n_draft=4)
+    result = speculative_decode(
+        model, model, np.array([3]), max_new_tokens=10, n_draft=4, eos_id=EOS
+    )
     np.testing.assert_array_equal(result.tokens, [4, EOS])
     assert result.finished
+    # a language model has no end token unless told: by default it runs to max_new_tokens
+    default = speculative_decode(model, model, np.array([3]), max_new_tokens=10, n_draft=4)
+    np.testing.assert_array_equal(default.tokens, [4, EOS, 3, 4, EOS, 3, 4, EOS, 3, 4])
+    assert not default.finished
 
 
 def test_cache_or_not_the_same_samples():

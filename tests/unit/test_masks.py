@@ -81,3 +81,17 @@ def test_bad_input_is_named(call, error, words):
     with pytest.raises(error) as info:
         call()
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize(("seq_len", "stride"), [(9, 3), (16, 4), (17, 4), (30, 7), (5, 1)])
+def test_two_strided_layers_connect_every_earlier_position(seq_len, stride):
+    mask = strided_mask(seq_len, stride).astype(int)
+    assert mask.any(axis=1).all()  # every query attends to something
+    two_layers = (mask @ mask) > 0
+    np.testing.assert_array_equal(two_layers, causal_mask(seq_len))
+
+
+def test_two_sliding_window_layers_reach_only_twice_the_window():
+    mask = sliding_window_mask(12, 3).astype(int)
+    two_layers = (mask @ mask) > 0
+    np.testing.assert_array_equal(two_layers, sliding_window_mask(12, 5))

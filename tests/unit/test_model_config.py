@@ -108,6 +108,13 @@ def test_from_dict_refuses_unknown_and_missing_fields():
     assert DecoderOnlyConfig.from_dict({"vocab_size": 3}) == DecoderOnlyConfig(vocab_size=3)
 
 
+def test_numpy_dtypes_are_accepted_and_stored_by_name():
+    for dtype in (np.float32, np.dtype("float32"), "float32"):
+        assert DecoderOnlyConfig(vocab_size=3, dtype=dtype).dtype == "float32"
+        assert EncoderDecoderConfig(**{**ED, "dtype": dtype}).dtype == "float32"
+    assert DecoderOnlyConfig(vocab_size=3, dtype=np.float64) == DecoderOnlyConfig(vocab_size=3)
+
+
 COMMON_BAD = [
     ("d_model", 0, ValueError, "d_model must be a positive integer, got 0"),
     ("d_model", 2.0, TypeError, "d_model must be a positive integer"),
@@ -119,7 +126,8 @@ COMMON_BAD = [
     ("dropout", "0.1", TypeError, "dropout must be a number"),
     ("activation", "tanh", ValueError, "activation must be one of 'relu', 'gelu'"),
     ("dtype", "float16", ValueError, "dtype must be one of 'float32', 'float64', got 'float16'"),
-    ("dtype", np.float32, ValueError, "dtype must be one of"),
+    ("dtype", np.float16, ValueError, "dtype must be one of"),
+    ("dtype", object(), ValueError, "dtype must be one of"),
     ("norm_first", 1, TypeError, "norm_first must be True or False"),
     ("tie_output", None, TypeError, "tie_output must be True or False"),
     ("scale_embeddings", "yes", TypeError, "scale_embeddings must be True or False"),

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from tinyformer.module import Parameter
-from tinyformer.optim import SGD, Adam, AdamW, Optimizer, clip_grad_norm, grad_norm
+from tinyformer.optim import (
+    SGD,
+    Adam,
+    AdamW,
+    Optimizer,
+    clip_grad_norm,
+    grad_norm,
+    one_dimensional,
+)
 from tinyformer.schedules import WarmupCosineSchedule
 
 OPTIMIZERS = {
@@ -59,6 +67,52 @@ def test_sgd_momentum_matches_the_recurrence_written_out(rng):
         buf = g if buf is None else mu * buf + g
         theta = theta - lr * buf
         np.testing.assert_allclose(p.value, theta, rtol=1e-14)
+
+
+@pytest.mark.parametrize("decoupled", [False, True], ids=["adam", "adamw"])
+def test_adam_matches_the_recurrence_written_out(rng, decoupled):
+    # Every step against the update written out by hand, bias corrections included
+    # (a correction frozen at its first-step value fails from step 2 on).
+    b1, b2, eps, lr, wd = 0.8, 0.95, 1e-6, 0.03, 0.1
+    p = Parameter(rng.standard_normal(6))
+    theta, m, v = p.value.copy(), np.zeros(6), np.zeros(6)
+    make = AdamW if decoupled else Adam
+    opt = make([p], lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+    for t in range(1, 8):
+        g = rng.standard_normal(6) * 10.0 ** rng.uniform(-3, 2)
+        p.grad[...] = g
+        opt.step()
+        if decoupled:
+            theta = theta * (1.0 - lr * wd)
+        else:
+            g = g + wd * theta
+        m = b1 * m + (1.0 - b1) * g
+        v = b2 * v + (1.0 - b2) * g**2
+        m_hat, v_hat = m / (1.0 - b1**t), v / (1.0 - b2**t)
+        theta = theta - lr * m_hat / (np.sqrt(v_hat) + eps)
+        np.testing.assert_allclose(p.value, theta, rtol=1e-13, atol=1e-15, err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("make", [Adam, AdamW], ids=["adam", "adamw"])
+def test_no_decay_parameters_are_never_decayed(rng, make):
+    weight, bias = Parameter(rng.standard_normal((3, 2))), Parameter(rng.standard_normal(2))
+    twin_w, twin_b = Parameter(weight.value.copy()), Parameter(bias.value.copy())
+    assert one_dimensional([weight, bias]) == [bias]
+    opt = make([weight, bias], 0.05, weight_decay=0.5, no_decay=one_dimensional([weight, bias]))
+    decays = make([twin_w], 0.05, weight_decay=0.5)
+    plain = make([twin_b], 0.05, weight_decay=0.0)
+    for _ in range(3):
+        g_w, g_b = rng.standard_normal((3, 2)), rng.standard_normal(2)
+        weight.grad[...], twin_w.grad[...] = g_w, g_w
+        bias.grad[...], twin_b.grad[...] = g_b, g_b
+        for o in (opt, decays, plain):
+            o.step()
+    np.testing.assert_array_equal(weight.value, twin_w.value)  # decayed as usual
+    np.testing.assert_array_equal(bias.value, twin_b.value)  # as if weight_decay were 0
+    with pytest.raises(ValueError, match=r"no_decay\[0\] is not one of the optimizer's"):
+        make([weight], 0.1, no_decay=[bias])
+    with pytest.raises(TypeError, match="no_decay must be an iterable of Parameter"):
+        make([weight], 0.1, no_decay=bias)
 
 
 def test_adam_first_step_moves_each_coordinate_by_lr():

@@ -32,6 +32,7 @@ from tinyformer.training import (
     Trainer,
     WindowDataset,
     lm_loss,
+    metric_direction,
     seq2seq_loss,
 )
 
@@ -147,7 +148,8 @@ def test_lm_loss_and_label_smoothing(rng):
         cross_entropy(logits, batch[1], label_smoothing=0.2)[0], rel=1e-12
     )
     assert plain.n_tokens == 20
-    assert 0.0 <= plain.accuracy <= 1.0
+    assert plain.n_correct == int((logits.argmax(-1) == batch[1]).sum())
+    assert plain.accuracy == pytest.approx(plain.n_correct / 20, rel=1e-15)
 
 
 def test_objective_returns_nan_without_backward_when_logits_are_not_finite(rng):
@@ -368,6 +370,48 @@ def test_early_stopping_with_patience_and_minimizing():
     assert stopper.update({"loss": 0.1}) == "target"
     with pytest.raises(KeyError, match="watches 'loss'"):
         stopper.update({"accuracy": 1.0})
+
+
+def test_windows_from_a_token_stream_shift_the_targets_by_one():
+    ids = np.arange(20) % 7
+    data = WindowDataset.from_tokens(ids, 4)
+    assert len(data) == 4  # tokens 0..16 in windows of 4 + 1, the last 3 tokens left out
+    for i in range(len(data)):
+        np.testing.assert_array_equal(data.inputs[i], ids[4 * i : 4 * i + 4])
+        np.testing.assert_array_equal(data.targets[i], ids[4 * i + 1 : 4 * i + 5])
+    overlapping = WindowDataset.from_tokens(ids, 4, stride=1)
+    assert len(overlapping) == 20 - 4
+    np.testing.assert_array_equal(overlapping.targets[:, :-1], overlapping.inputs[:, 1:])
+    assert len(WindowDataset.from_tokens(ids[:5], 4)) == 1  # exactly seq_len + 1 tokens
+    with pytest.raises(ValueError, match=r"at least seq_len \+ 1 = 5 token ids"):
+        WindowDataset.from_tokens(ids[:4], 4)
+    with pytest.raises(ValueError, match="ids must be a 1-D stream"):
+        WindowDataset.from_tokens(ids.reshape(4, 5), 2)
+    with pytest.raises(ValueError, match="stride must be a positive integer"):
+        WindowDataset.from_tokens(ids, 4, stride=0)
+    with pytest.raises(TypeError, match="ids must be an integer array"):
+        WindowDataset.from_tokens(np.linspace(0, 1, 10), 4)
+
+
+def test_early_stopping_reads_the_direction_from_the_metric_name():
+    # A falling loss is an improvement: patience must not run out while it falls.
+    stopper = EarlyStopping("loss", patience=2)
+    assert stopper.mode == "min"
+    assert [stopper.update({"loss": value}) for value in (3.0, 2.0, 1.5, 1.2)] == [None] * 4
+    assert stopper.update({"loss": 1.3}) is None
+    assert stopper.update({"loss": 1.25}) == "patience"
+    assert EarlyStopping("val_perplexity", target=2.0).mode == "min"
+    assert EarlyStopping("exact_match", target=0.99).mode == "max"
+    assert EarlyStopping("loss", target=0.1, mode="max").mode == "max"  # the caller's word wins
+    assert [metric_direction(m) for m in ("accuracy", "Loss", "excess_over_entropy_rate")] == [
+        "max",
+        "min",
+        "min",
+    ]
+    with pytest.raises(ValueError, match=r"cannot tell from the name 'reward'.*mode='max'"):
+        EarlyStopping("reward", patience=3)
+    with pytest.raises(ValueError, match="it says both"):
+        metric_direction("accuracy_loss")
 
 
 def test_early_stopping_and_loop_reject_bad_arguments():

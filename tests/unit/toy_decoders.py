@@ -81,6 +81,8 @@ class _ToyBase:
 class ToyLM(_ToyBase):
     """Decoder-only toy: the logits after a prefix are ``next_logits(prefix)``."""
 
+    family = "decoder-only"
+
     def __init__(self, next_logits: NextLogits, vocab_size: int, max_positions: int = 32) -> None:
         super().__init__(vocab_size, max_positions)
         self.next_logits = next_logits
@@ -95,6 +97,8 @@ class ToyLM(_ToyBase):
 
 class ToyEncoderDecoder(_ToyBase):
     """Encoder-decoder toy: the logits are ``next_logits(source + (-1,) + prefix)``."""
+
+    family = "encoder-decoder"
 
     def __init__(self, next_logits: NextLogits, vocab_size: int, max_positions: int = 32) -> None:
         super().__init__(vocab_size, max_positions)

@@ -26,6 +26,8 @@ from tinyformer.data.tokenizers import (
     MergeStep,
     Tokenizer,
     WordTokenizer,
+    load_tokenizer,
+    tokenizer_from_dict,
 )
 
 __all__ = [
@@ -48,7 +50,9 @@ __all__ = [
     "Tokenizer",
     "WordTokenizer",
     "empirical_entropy_rate",
+    "load_tokenizer",
     "make_batch",
     "pad_sequences",
     "teacher_forcing",
+    "tokenizer_from_dict",
 ]

@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
+import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +52,8 @@ __all__ = [
     "MergeStep",
     "Tokenizer",
     "WordTokenizer",
+    "load_tokenizer",
+    "tokenizer_from_dict",
 ]
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -187,6 +193,32 @@ class Tokenizer:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"
 
+    # ----------------------------------------------------------- saving
+    kind = ""
+    """The name :func:`tokenizer_from_dict` knows this class by."""
+
+    def _arguments(self) -> dict[str, Any]:
+        """The constructor's arguments as JSON-able values."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything needed to rebuild the tokenizer, as JSON-able values (with its ``kind``)."""
+        return {"kind": self.kind, **self._arguments()}
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`to_dict` to ``path`` as JSON; :func:`load_tokenizer` reads it back."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
+        return path
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when of the same class and rebuilt from the same arguments."""
+        if not isinstance(other, Tokenizer):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
 
 class CharTokenizer(Tokenizer):
     """One token per character of a fixed alphabet.
@@ -206,9 +238,14 @@ class CharTokenizer(Tokenizer):
     'cab'
     """
 
+    kind = "char"
+
     def __init__(self, alphabet: str | Iterable[str]) -> None:
         self.alphabet = _check_alphabet(alphabet)
         super().__init__(self.alphabet)
+
+    def _arguments(self) -> dict[str, Any]:
+        return {"alphabet": list(self.alphabet)}
 
     @classmethod
     def from_corpus(cls, corpus: str | Iterable[str]) -> CharTokenizer:
@@ -252,6 +289,11 @@ class WordTokenizer(Tokenizer):
         if repeated:
             raise ValueError(f"words must not repeat, got {repeated[:10]} more than once")
         super().__init__(self.words)
+
+    kind = "word"
+
+    def _arguments(self) -> dict[str, Any]:
+        return {"words": list(self.words)}
 
     @classmethod
     def from_corpus(cls, corpus: str | Iterable[str], *, min_count: int = 1) -> WordTokenizer:
@@ -592,6 +634,15 @@ class BPETokenizer(Tokenizer):
         """The learned merges, first learned first."""
         return list(self._merges)
 
+    kind = "bpe"
+
+    def _arguments(self) -> dict[str, Any]:
+        return {
+            "alphabet": list(self.alphabet),
+            "merges": [list(pair) for pair in self._merges],
+            "pretokenize": self.pretokenize,
+        }
+
     @property
     def merge_counts(self) -> list[int] | None:
         """How often each merged pair occurred when training chose it (None if not trained).
@@ -650,3 +701,39 @@ class BPETokenizer(Tokenizer):
         if full:
             self._cache[word] = list(pieces)
         return pieces
+
+
+_KINDS: dict[str, type[Tokenizer]] = {
+    cls.kind: cls for cls in (CharTokenizer, WordTokenizer, BPETokenizer)
+}
+
+
+def tokenizer_from_dict(d: Mapping[str, Any]) -> Tokenizer:
+    """Rebuild a tokenizer from :meth:`Tokenizer.to_dict`'s output.
+
+    Raises
+    ------
+    ValueError
+        If ``d`` names no known ``kind`` or its arguments do not make a tokenizer.
+    """
+    if not isinstance(d, Mapping) or d.get("kind") not in _KINDS:
+        kind = d.get("kind") if isinstance(d, Mapping) else None
+        raise ValueError(
+            f"d must be a tokenizer's to_dict() with kind one of {sorted(_KINDS)}, got"
+            f" kind {kind!r}"
+        )
+    arguments = {k: v for k, v in d.items() if k != "kind"}
+    if d["kind"] == "bpe":
+        merges = [tuple(pair) for pair in arguments.pop("merges", [])]
+        return BPETokenizer(arguments.pop("alphabet"), merges, **arguments)
+    return _KINDS[d["kind"]](**arguments)
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
+    """Read a tokenizer written by :meth:`Tokenizer.save`."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not a saved tokenizer (not JSON: {error})") from None
+    return tokenizer_from_dict(d)

@@ -42,7 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-store", action="store_true", help="train, store nothing")
     parser.add_argument("--prune", action="store_true", help="delete other versions' results")
     parser.add_argument("--jobs", type=int, default=1, help="runs computed at the same time")
-    parser.add_argument("--progress", action="store_true", help="show a progress bar")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show the training loop's progress bar (default: when run in a terminal)",
+    )
     return parser
 
 
@@ -74,6 +79,14 @@ def requirement(result: ExperimentResult) -> tuple[str, bool] | None:
     if result.name == "markov_lm":
         value = m["excess_over_entropy_rate"]
         return f"held-out loss within 3% of H, got {100 * value:+.2f}%", value < 0.03
+    if result.name == "in_context":
+        first, repeated = m["loss_first_half"], m["loss_repeated_half"]
+        need = (
+            "held-out loss on the repeated half below a tenth of the first half's, and an"
+            f" induction head scoring >= 0.5, got {repeated:.3f} against {first:.3f} nats and"
+            f" {m['induction_score']:.2f}"
+        )
+        return need, repeated < 0.1 * first and m["induction_score"] >= 0.5
     if result.name == "masked_lm":
         ok = m["loss"] < m["optimal_left_only"] and m["excess_over_optimum"] <= 0.35
         need = (
@@ -82,6 +95,9 @@ def requirement(result: ExperimentResult) -> tuple[str, bool] | None:
             f" and {m['optimal_bidirectional']:.3f}"
         )
         return need, ok
+    if result.name == "scaling":
+        seen = int(m["heldout_windows_in_training"])
+        return f"no held-out window among the training windows, got {seen}", seen == 0
     return None
 
 
@@ -114,10 +130,21 @@ def headline(result: ExperimentResult) -> str:
             f"masked-token loss {m['loss']:.3f} nats; exact optimum"
             f" {m['optimal_bidirectional']:.3f}, left context only {m['optimal_left_only']:.3f}"
         )
+    if result.name == "in_context":
+        return (
+            f"loss {m['loss_first_half']:.3f} nats on a random first half,"
+            f" {m['loss_repeated_half']:.3f} on its repeat; induction score"
+            f" {m['induction_score']:.2f}"
+        )
     if result.name == "norm_placement":
         if m["diverged"]:
             return f"diverged at step {int(m['diverged_at_step'])}"
         return f"held-out loss {m['heldout_loss']:.3f} nats"
+    if result.name == "scaling":
+        return (
+            f"N = {int(m['parameters'])}, D = {int(m['train_tokens'])}: held-out loss"
+            f" {m['heldout_loss']:.4f} nats, {m['excess_loss']:.4f} above H"
+        )
     return ", ".join(f"{key} {value:.4g}" for key, value in list(m.items())[:3])
 
 
@@ -135,14 +162,23 @@ def main(argv: list[str] | None = None) -> int:
         for folder in store.prune():
             sys.stdout.write(f"removed stale results: {folder}\n")
     root = None if store is None else str(store.root)
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
     runs = _runs(args)
     # Runs already stored are loaded here; only those to train go to other processes.
     stored = [run for run in runs if store is not None and store.contains(run[0], **run[1])]
     to_train = [run for run in runs if run not in stored]
     serial = stored if args.jobs > 1 and len(to_train) > 1 else runs
+    if to_train:  # say at once what the wait is for
+        _print(
+            f"{len(stored)} run(s) stored; training {len(to_train)}"
+            f" ({min(args.jobs, len(to_train))} at a time), each printed when it is ready",
+            True,
+        )
     failed = 0
     for name, params in serial:
-        text, ok = _report(name, params, root, args.progress)
+        if (name, params) in to_train:
+            _print(f"training {_label(name, params)} ...", True)
+        text, ok = _report(name, params, root, progress)
         failed += _print(text, ok)
     if serial is stored:
         context = multiprocessing.get_context("spawn")
@@ -175,6 +211,11 @@ def _one_blas_thread() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _label(name: str, params: dict[str, Any]) -> str:
+    """``name(seed=0, ...)``: a run as the store keys it."""
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
 
 
 def _print(text: str, ok: bool) -> int:

@@ -12,27 +12,59 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tinyformer.experiments.icl import in_context
 from tinyformer.experiments.markov import markov_lm
 from tinyformer.experiments.mlm import masked_lm
 from tinyformer.experiments.norm_placement import norm_placement
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.experiments.reverse import reversal
+from tinyformer.experiments.scaling import book_runs as scaling_runs
+from tinyformer.experiments.scaling import scaling
 
-__all__ = ["BOOK_RUNS", "EXPERIMENTS"]
+__all__ = [
+    "BOOK_RUNS",
+    "EXPERIMENTS",
+    "REVERSAL_ABLATIONS",
+    "REVERSAL_SEEDS",
+    "REVERSAL_SGD_CLAIM",
+]
 
 EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "reversal": reversal,
     "markov_lm": markov_lm,
     "norm_placement": norm_placement,
     "masked_lm": masked_lm,
+    "in_context": in_context,
+    "scaling": scaling,
 }
 """Every experiment by name, mapped to the function that runs it from keyword arguments."""
 
+REVERSAL_SEEDS = (0, 1, 2, 3, 4)
+"""Seeds of the reversal run; each must reach the requirement on its own held-out set."""
+
+REVERSAL_ABLATIONS: tuple[dict[str, Any], ...] = tuple(
+    {"seed": s, "train_steps": 500, "target": None, **change}
+    for change in ({"positional": "none"}, {"attention_scale": "none"})
+    for s in (0, 1, 2)
+)
+"""The ablations of chapter "Training" (no positions; no 1/sqrt(d_k)), three seeds, 500 steps."""
+
+REVERSAL_SGD_CLAIM: dict[str, Any] = {
+    "seed": 0, "optimizer": "sgd", "peak_lr": 1e-3, "batch_size": 1, "clip_norm": None,
+    "max_steps": 4000, "target": None, "eval_every": 1000,
+}  # fmt: skip
+"""Plain SGD at lr 1e-3 with one pair per step (a claim the chapter "Training" measures)."""
+
 BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("reversal", {"seed": 0}),
+    *(("reversal", {"seed": s}) for s in REVERSAL_SEEDS),
+    *(("reversal", dict(params)) for params in REVERSAL_ABLATIONS),
+    ("reversal", dict(REVERSAL_SGD_CLAIM)),
     # the masked language model of chapter "The encoder"
     ("masked_lm", {"seed": 0}),
     ("markov_lm", {"seed": 0}),
+    # in-context learning and its length limit (chapter "What transformers can and cannot do")
+    ("in_context", {"seed": 0}),
+    ("in_context", {"seed": 0, "positional": "learned"}),
     # the draft model of speculative decoding (chapter "Fast inference"): small and weaker
     ("markov_lm", {"seed": 0, "d_model": 16, "n_heads": 2, "d_ff": 64, "n_layers": 1}),
     # post-norm against pre-norm at depth (chapter "Residual connections and normalization")
@@ -43,5 +75,8 @@ BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
         for f in (False, True)
         for w in (0, 75)
     ),
+    # loss against model size at a fixed token budget, and one compute budget split
+    # several ways (chapter "Scaling laws")
+    *scaling_runs(),
 )
 """The runs whose results the book shows, as ``(name, arguments)``; computed before a build."""

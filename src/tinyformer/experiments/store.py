@@ -40,14 +40,7 @@ import numpy as np
 from tinyformer._validation import describe
 from tinyformer.checkpoint import read_checkpoint, save_checkpoint, write_atomically
 from tinyformer.experiments.result import ExperimentResult
-from tinyformer.models import (
-    DecoderOnlyConfig,
-    DecoderOnlyLM,
-    EncoderDecoder,
-    EncoderDecoderConfig,
-    EncoderOnlyConfig,
-    EncoderOnlyMLM,
-)
+from tinyformer.models import model_from_checkpoint
 from tinyformer.training import History
 
 try:  # POSIX; elsewhere runs are not locked (two processes may both compute one run)
@@ -61,11 +54,6 @@ STORE_ENV = "TINYFORMER_STORE"
 """Environment variable naming the folder of the default store."""
 
 _PACKAGE = Path(__file__).resolve().parent.parent
-_MODELS = {
-    "EncoderDecoder": (EncoderDecoder, EncoderDecoderConfig),
-    "DecoderOnlyLM": (DecoderOnlyLM, DecoderOnlyConfig),
-    "EncoderOnlyMLM": (EncoderOnlyMLM, EncoderOnlyConfig),
-}
 _NOT_KEYED = frozenset({"progress"})  # arguments that do not change a run's result
 logger = logging.getLogger("tinyformer.experiments")
 
@@ -288,10 +276,7 @@ class ExperimentStore:
         if _file_sha256(checkpoint) != record["sha256"]:
             raise ValueError(f"{checkpoint.name} does not match the SHA-256 of its manifest")
         stored = read_checkpoint(checkpoint)
-        model_class, config_class = _MODELS[stored.metadata["model"]["class"]]
-        model = model_class(config_class.from_dict(stored.config), rng=np.random.default_rng(0))
-        stored.restore(model)
-        model.eval()
+        model = model_from_checkpoint(stored)  # in evaluation mode
         extra = stored.extra
         history = History.from_dict(stored.history)
         return ExperimentResult(

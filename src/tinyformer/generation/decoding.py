@@ -8,36 +8,64 @@ feeds the next ``n`` tokens, returning their logits while extending the caches.
 return the same logits, which is what makes the uncached mode the baseline of
 the cache benchmark.
 
-The two model families are told apart by the first parameter of ``start``, as
-the shared interface names it: ``batch_size`` (a decoder-only language model,
-which continues a prompt) or ``source_ids`` (an encoder-decoder, which decodes
-from a BOS token given a source).
+The two model families are told apart by the class attribute ``family``:
+``"decoder-only"`` (a language model, which continues a prompt) or
+``"encoder-decoder"`` (which decodes from a BOS token given a source).
+
+Every search runs the model in evaluation mode (:func:`evaluation_mode`), so
+dropout never makes greedy decoding random, and gives the caller's model back
+in the mode it came in.
 """
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tinyformer._validation import describe, non_negative_int, positive_int, token_ids
+from tinyformer._validation import describe, non_negative_int, one_of, positive_int, token_ids
+from tinyformer.data.tokenizers import EOS_ID
 from tinyformer.functional import log_softmax
 
-__all__ = ["GenerationResult", "IncrementalDecoder", "is_encoder_decoder"]
+__all__ = [
+    "FAMILY_DEFAULT",
+    "GenerationResult",
+    "IncrementalDecoder",
+    "evaluation_mode",
+    "is_encoder_decoder",
+]
+
+FAMILIES = ("decoder-only", "encoder-decoder")
+OVERFLOW = ("slide", "error")
+"""What a decoder-only model does when the prompt and the new tokens outgrow its context."""
+
+
+class _FamilyDefault:
+    """The default of ``eos_id``: ``EOS_ID`` (2) for an encoder-decoder, None for a decoder-only model."""
+
+    def __repr__(self) -> str:
+        return "FAMILY_DEFAULT"
+
+
+FAMILY_DEFAULT = _FamilyDefault()
+"""``eos_id``'s default: stop at EOS (id 2) with an encoder-decoder, never stop early with a
+decoder-only model (a language model has no end token unless its data had one)."""
 
 
 def is_encoder_decoder(model: object) -> bool:
     """Whether ``model`` is an encoder-decoder (True) or a decoder-only model (False).
 
+    Read from the model's ``family`` attribute, ``"encoder-decoder"`` or
+    ``"decoder-only"``.
+
     Raises
     ------
     TypeError
-        If ``model`` has no ``start`` and ``step`` methods, or ``start`` takes
-        neither ``batch_size`` nor ``source_ids`` first.
+        If ``model`` has no ``start`` and ``step`` methods or no such ``family``.
     """
     start, step = getattr(model, "start", None), getattr(model, "step", None)
     if not callable(start) or not callable(step):
@@ -45,15 +73,37 @@ def is_encoder_decoder(model: object) -> bool:
             "model must have start() and step() methods (a tinyformer.models.DecoderOnlyLM or"
             f" EncoderDecoder), got {describe(model)}"
         )
-    first = next(iter(inspect.signature(start).parameters), None)
-    if first == "source_ids":
-        return True
-    if first == "batch_size":
-        return False
-    raise TypeError(
-        "model.start must take batch_size (decoder-only) or source_ids (encoder-decoder) as"
-        f" its first argument, got a first parameter named {first!r}"
-    )
+    family = getattr(model, "family", None)
+    if family not in FAMILIES:
+        raise TypeError(
+            "model.family must be 'decoder-only' or 'encoder-decoder' (the class attribute"
+            f" that says which inputs start() takes), got {family!r}"
+        )
+    return family == "encoder-decoder"
+
+
+@contextlib.contextmanager
+def evaluation_mode(*models: Any) -> Iterator[None]:
+    """Run the ``with`` block with every module of ``models`` in evaluation mode.
+
+    Each module's own ``training`` flag is restored afterwards (also when the
+    block raises), so a model that was training goes on training, with its
+    sub-modules exactly as they were. Models that are not
+    :class:`~tinyformer.module.Module` objects are left alone.
+    """
+    saved = [
+        (module, module.training)
+        for model in models
+        if callable(getattr(model, "modules", None))
+        for module in model.modules()
+    ]
+    try:
+        for module, _ in saved:
+            module.training = False
+        yield
+    finally:
+        for module, flag in saved:
+            module.training = flag
 
 
 class IncrementalDecoder:
@@ -72,6 +122,14 @@ class IncrementalDecoder:
         Keep the model's key/value caches between calls (the normal way). With
         ``False`` every :meth:`feed` starts afresh and runs the model over the
         whole prefix, then keeps only the logits of the new positions.
+    slide : bool
+        Decoder-only models only: once the prefix outgrows the model's context
+        (``max_positions``), the model reads only its most recent
+        ``max_positions`` tokens. The positions of the cache no longer fit then
+        (learned and sinusoidal positions are absolute), so from that point
+        every :meth:`feed` restarts the cache on the window: correct, and as
+        costly per token as decoding without a cache. Without ``slide`` an
+        over-long prefix is the model's error.
     """
 
     def __init__(
@@ -81,12 +139,19 @@ class IncrementalDecoder:
         source_ids: np.ndarray | None = None,
         batch_size: int | None = None,
         use_cache: bool = True,
+        slide: bool = False,
     ) -> None:
         self.model = model
         self.encoder_decoder = is_encoder_decoder(model)
         if not isinstance(use_cache, bool):
             raise TypeError(f"use_cache must be True or False, got {describe(use_cache)}")
+        if not isinstance(slide, bool):
+            raise TypeError(f"slide must be True or False, got {describe(slide)}")
+        if slide and self.encoder_decoder:
+            raise ValueError("slide is for decoder-only models: a decoder's output cannot slide")
         self.use_cache = use_cache
+        self.slide = slide
+        self.cached = 0  # positions held by the cache (with slide, at most max_positions)
         if self.encoder_decoder:
             if source_ids is None:
                 raise ValueError("source_ids are required to decode with an encoder-decoder")
@@ -127,10 +192,18 @@ class IncrementalDecoder:
                 f"tokens must have shape ({self.batch_size}, n) with n >= 1, got {tokens.shape}"
             )
         prefix = np.concatenate([self.prefix, tokens.astype(np.int64)], axis=1)  # (B, length + n)
-        if self.use_cache:
+        n, window = tokens.shape[1], self.model.max_positions
+        if self.slide and n > window:
+            raise ValueError(f"with slide, at most max_positions={window} tokens fit one feed")
+        if self.use_cache and not (self.slide and self.cached + n > window):
             logits = self.model.step(tokens, self.state)  # (B, n, V)
-        else:
-            logits = self.model.step(prefix, self._start())[:, -tokens.shape[1] :]
+            self.cached += n
+        else:  # afresh: no cache, or the window slid past what the cache holds
+            visible = prefix[:, -window:] if self.slide else prefix  # (B, <= window)
+            state = self._start()
+            logits = self.model.step(visible, state)[:, -n:]
+            if self.use_cache:
+                self.state, self.cached = state, visible.shape[1]
         self.prefix = prefix  # only once the model has accepted the tokens
         return logits
 
@@ -150,12 +223,15 @@ class IncrementalDecoder:
             raise ValueError(
                 f"length must be at most the current length {self.length}, got {length}"
             )
+        if self.slide and self.length > self.model.max_positions:
+            raise ValueError("truncate is not available once a sliding window has moved")
         self.prefix = self.prefix[:, :length]
         if self.use_cache:
             self.state.truncate(length)
+            self.cached = length
 
 
-@dataclass
+@dataclass(eq=False)
 class GenerationResult:
     """What :func:`~tinyformer.generation.search.greedy` and :func:`~tinyformer.generation.sampling.sample` return.
 
@@ -179,6 +255,22 @@ class GenerationResult:
     def log_prob(self) -> np.ndarray:
         """``(B,)`` total log-probability of each row's generated tokens."""
         return np.array([float(lp.sum()) for lp in self.token_log_probs])
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every row has the same tokens, log-probabilities and finished flag."""
+        if not isinstance(other, GenerationResult):
+            return NotImplemented
+        return (
+            _same_rows(self.tokens, other.tokens)
+            and _same_rows(self.token_log_probs, other.token_log_probs)
+            and np.array_equal(self.finished, other.finished)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+
+def _same_rows(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _check_id(value: object, name: str, vocab_size: int, *, optional: bool = False) -> int | None:
@@ -223,27 +315,41 @@ def prepare(
     bos_id: object,
     eos_id: object,
     use_cache: object,
+    overflow: object = "error",
     check: Callable[[int], object] | None = None,
 ) -> _Prepared:
     """Check everything about a decoding run before any model work; build its decoder.
 
-    A decoder-only model continues ``inputs`` (the prompt), which with the new
-    tokens must fit in the context: ``T + max_new_tokens <= max_positions``. An
-    encoder-decoder encodes ``inputs`` (the source) and decodes from ``bos_id``;
-    its decoder inputs are BOS and all but the last new token, so
-    ``max_new_tokens <= max_positions``. ``check(vocab_size)``, if given, checks
-    the caller's own options before the model does any work.
+    A decoder-only model continues ``inputs`` (the prompt). With
+    ``overflow="error"`` the prompt and the new tokens must fit in the
+    context, ``T + max_new_tokens <= max_positions``; with ``"slide"`` the
+    model reads the most recent ``max_positions`` tokens at every step (a
+    longer prompt is cut to its last ``max_positions`` tokens, which is all the
+    model could see of it). An encoder-decoder encodes ``inputs`` (the source)
+    and decodes from ``bos_id``; its decoder inputs are BOS and all but the
+    last new token, so ``max_new_tokens <= max_positions`` whatever
+    ``overflow`` says. ``check(vocab_size)``, if given, checks the caller's own
+    options before the model does any work.
     """
+    overflow = one_of(overflow, OVERFLOW, "overflow")
     family_is_encoder_decoder = is_encoder_decoder(model)
     vocab_size = positive_int(model.vocab_size, "model.vocab_size")
     max_positions = positive_int(model.max_positions, "model.max_positions")
     max_new_tokens = positive_int(max_new_tokens, "max_new_tokens")
+    if eos_id is FAMILY_DEFAULT:
+        eos_id = EOS_ID if family_is_encoder_decoder else None
     eos_id = _check_id(eos_id, "eos_id", vocab_size, optional=True)
     if check is not None:
         check(vocab_size)
     if family_is_encoder_decoder:
         source = _as_rows(inputs, "source")
         bos_id = _check_id(bos_id, "bos_id", vocab_size)
+        pad_id = getattr(getattr(model, "config", None), "pad_id", None)
+        if bos_id == pad_id:
+            raise ValueError(
+                f"bos_id={bos_id} is the model's pad_id: the decoder would mask its first input"
+                " as padding; pass the BOS id the model was trained with"
+            )
         if source.shape[1] > max_positions:
             raise ValueError(
                 f"source has {source.shape[1]} tokens, more than the model's max_len"
@@ -259,19 +365,26 @@ def prepare(
     else:
         prompt = _as_rows(inputs, "prompt")
         token_ids(prompt, "prompt", vocab_size)
+        slide = overflow == "slide"
+        if slide:
+            prompt = prompt[:, -max_positions:]  # all the model can see of a longer prompt
         length = prompt.shape[1]
         if length > max_positions:
             raise ValueError(
                 f"prompt has {length} tokens, more than the model's context length {max_positions}"
+                f" (pass overflow='slide' to keep the most recent {max_positions})"
             )
-        if length + max_new_tokens > max_positions:
+        if not slide and length + max_new_tokens > max_positions:
             raise ValueError(
                 f"prompt length {length} + max_new_tokens {max_new_tokens} exceeds the model's"
                 f" context length {max_positions}: max_new_tokens can be at most"
-                f" {max_positions - length}"
+                f" {max_positions - length} (or pass overflow='slide' to keep the most recent"
+                f" {max_positions} tokens)"
             )
         first = prompt
-        decoder = IncrementalDecoder(model, batch_size=prompt.shape[0], use_cache=_flag(use_cache))
+        decoder = IncrementalDecoder(
+            model, batch_size=prompt.shape[0], use_cache=_flag(use_cache), slide=slide
+        )
     return _Prepared(decoder, first, max_new_tokens, eos_id, vocab_size)
 
 

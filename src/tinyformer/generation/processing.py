@@ -123,7 +123,12 @@ def log_probabilities(
     temperature, top_k, top_p = check_options(
         z.shape[-1], temperature=temperature, top_k=top_k, top_p=top_p
     )
-    log_p = log_softmax(z / temperature)  # (..., V)
+    # Shift before dividing: the largest logit becomes 0 and the others can only fall, so
+    # a tiny temperature sends them to -inf (probability 0) instead of overflowing to inf.
+    shifted = z - np.max(z, axis=-1, keepdims=True)  # (..., V), <= 0
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        scaled = np.where(shifted == 0, shifted, shifted / z.dtype.type(temperature))
+    log_p = log_softmax(scaled)  # (..., V)
     if top_k is not None and top_k < z.shape[-1]:
         _, ranks = _ranks(log_p)
         log_p = _renormalize(log_p, ranks < top_k)

@@ -7,8 +7,14 @@ from typing import Any
 import numpy as np
 
 from tinyformer._validation import generator
-from tinyformer.data.tokenizers import BOS_ID, EOS_ID
-from tinyformer.generation.decoding import GenerationResult, generate, prepare
+from tinyformer.data.tokenizers import BOS_ID
+from tinyformer.generation.decoding import (
+    FAMILY_DEFAULT,
+    GenerationResult,
+    evaluation_mode,
+    generate,
+    prepare,
+)
 from tinyformer.generation.processing import check_options, probabilities, sample_tokens
 
 __all__ = ["sample"]
@@ -24,8 +30,9 @@ def sample(
     top_k: int | None = None,
     top_p: float | None = None,
     bos_id: int = BOS_ID,
-    eos_id: int | None = EOS_ID,
+    eos_id: int | None = FAMILY_DEFAULT,  # type: ignore[assignment]
     use_cache: bool = True,
+    overflow: str = "slide",
 ) -> GenerationResult:
     r"""Generate by drawing :math:`y_t \sim \tilde p(\cdot \mid y_{<t})` at every step.
 
@@ -51,29 +58,32 @@ def sample(
         Sample only among the ``top_k`` most likely tokens.
     top_p : float, optional
         Sample only from the nucleus of mass ``top_p`` :cite:p:`holtzman2020curious`.
-    bos_id, eos_id, use_cache
+    bos_id, eos_id, use_cache, overflow
         As for :func:`~tinyformer.generation.search.greedy`.
 
     Returns
     -------
     GenerationResult
-        Tokens (EOS included) and their log-probabilities under the unprocessed model.
+        Tokens (EOS included) and their log-probabilities under the unprocessed
+        model, run in evaluation mode (no dropout) and given back in its own mode.
     """
     rng = generator(rng)
-    run = prepare(
-        model,
-        inputs,
-        max_new_tokens=max_new_tokens,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        use_cache=use_cache,
-        check=lambda vocab_size: check_options(
-            vocab_size, temperature=temperature, top_k=top_k, top_p=top_p
-        ),
-    )
 
     def choose(logits: np.ndarray) -> np.ndarray:
         p = probabilities(logits, temperature=temperature, top_k=top_k, top_p=top_p)
         return sample_tokens(p, rng)
 
-    return generate(run, choose)
+    with evaluation_mode(model):
+        run = prepare(
+            model,
+            inputs,
+            max_new_tokens=max_new_tokens,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            use_cache=use_cache,
+            overflow=overflow,
+            check=lambda vocab_size: check_options(
+                vocab_size, temperature=temperature, top_k=top_k, top_p=top_p
+            ),
+        )
+        return generate(run, choose)

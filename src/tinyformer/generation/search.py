@@ -16,9 +16,15 @@ from typing import Any
 import numpy as np
 
 from tinyformer._validation import describe, positive_int
-from tinyformer.data.tokenizers import BOS_ID, EOS_ID
+from tinyformer.data.tokenizers import BOS_ID
 from tinyformer.functional import log_softmax
-from tinyformer.generation.decoding import GenerationResult, generate, prepare
+from tinyformer.generation.decoding import (
+    FAMILY_DEFAULT,
+    GenerationResult,
+    evaluation_mode,
+    generate,
+    prepare,
+)
 
 __all__ = ["BeamSearchResult", "Hypothesis", "beam_search", "greedy", "length_normalizer"]
 
@@ -29,8 +35,9 @@ def greedy(
     *,
     max_new_tokens: int,
     bos_id: int = BOS_ID,
-    eos_id: int | None = EOS_ID,
+    eos_id: int | None = FAMILY_DEFAULT,  # type: ignore[assignment]
     use_cache: bool = True,
+    overflow: str = "slide",
 ) -> GenerationResult:
     r"""Pick the most likely next token at every step, :math:`y_t = \arg\max_v p(v \mid y_{<t})`.
 
@@ -45,26 +52,36 @@ def greedy(
         Most tokens to generate per row (EOS included).
     bos_id : int
         First decoder input of an encoder-decoder (unused for a decoder-only model).
-    eos_id : int or None
+    eos_id : int or None, optional
         A row stops after generating this token; ``None`` never stops early.
+        The default is ``EOS_ID`` (2) for an
+        encoder-decoder and ``None`` for a decoder-only model.
     use_cache : bool
         Reuse the key/value caches (``False`` recomputes the whole prefix each step).
+    overflow : str
+        Decoder-only models: ``"slide"`` (the default, as nanoGPT and minGPT do)
+        keeps generating once the prompt and the new tokens outgrow the
+        context, the model reading the most recent ``max_positions`` tokens;
+        ``"error"`` refuses such a request up front.
 
     Returns
     -------
     GenerationResult
         Tokens (EOS included), their log-probabilities and which rows finished.
-        Ties between equally likely tokens go to the smaller id.
+        Ties between equally likely tokens go to the smaller id. The model runs
+        in evaluation mode (no dropout) and is given back in its own mode.
     """
-    run = prepare(
-        model,
-        inputs,
-        max_new_tokens=max_new_tokens,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        use_cache=use_cache,
-    )
-    return generate(run, lambda logits: np.argmax(logits, axis=-1))
+    with evaluation_mode(model):
+        run = prepare(
+            model,
+            inputs,
+            max_new_tokens=max_new_tokens,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            use_cache=use_cache,
+            overflow=overflow,
+        )
+        return generate(run, lambda logits: np.argmax(logits, axis=-1))
 
 
 def length_normalizer(length: int, alpha: float) -> float:
@@ -129,8 +146,9 @@ def beam_search(
     max_new_tokens: int,
     length_penalty: float = 0.6,
     bos_id: int = BOS_ID,
-    eos_id: int | None = EOS_ID,
+    eos_id: int | None = FAMILY_DEFAULT,  # type: ignore[assignment]
     use_cache: bool = True,
+    overflow: str = "slide",
 ) -> BeamSearchResult:
     r"""Keep the ``beam_size`` most likely partial outputs at every step.
 
@@ -161,7 +179,7 @@ def beam_search(
     length_penalty : float
         GNMT's :math:`\alpha \ge 0`; the default 0.6 is in the range
         :cite:t:`wu2016google` found best, 0 ranks by plain log-probability.
-    bos_id, eos_id, use_cache
+    bos_id, eos_id, use_cache, overflow
         As for :func:`~tinyformer.generation.search.greedy`; with ``eos_id=None`` nothing finishes early.
 
     Returns
@@ -176,53 +194,55 @@ def beam_search(
             f"beam_search decodes one input at a time: inputs must be 1-D or (1, T), got"
             f" shape {np.shape(inputs)}"
         )
-    run = prepare(
-        model,
-        inputs,
-        max_new_tokens=max_new_tokens,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        use_cache=use_cache,
-    )
-    decoder, eos, limit = run.decoder, run.eos_id, run.max_new_tokens
-    live_tokens = np.zeros((1, 0), dtype=np.int64)  # (k, t)
-    live_scores = np.zeros(1)  # (k,) summed log-probabilities
-    finished: list[Hypothesis] = []
-    pending = run.first_tokens  # (k, n)
-    step = 0
-    for step in range(1, limit + 1):
-        log_p = log_softmax(decoder.feed(pending)[:, -1]).astype(np.float64)  # (k, V)
-        candidates = (live_scores[:, None] + log_p).ravel()  # (k * V,)
-        order = np.argsort(-candidates, kind="stable")
-        order = order[np.isfinite(candidates[order])]  # impossible tokens never enter
-        keep: list[int] = []
-        for flat in order:
-            beam, token = divmod(int(flat), run.vocab_size)
-            if token == eos:
-                ids = np.append(live_tokens[beam], token)
-                score = float(candidates[flat]) / length_normalizer(step, alpha)
-                finished.append(Hypothesis(ids, float(candidates[flat]), score, True))
-            else:
-                keep.append(int(flat))
-            if len(keep) == beam_size:
+    with evaluation_mode(model):  # no dropout while searching; the caller's mode comes back
+        run = prepare(
+            model,
+            inputs,
+            max_new_tokens=max_new_tokens,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            use_cache=use_cache,
+            overflow=overflow,
+        )
+        decoder, eos, limit = run.decoder, run.eos_id, run.max_new_tokens
+        live_tokens = np.zeros((1, 0), dtype=np.int64)  # (k, t)
+        live_scores = np.zeros(1)  # (k,) summed log-probabilities
+        finished: list[Hypothesis] = []
+        pending = run.first_tokens  # (k, n)
+        step = 0
+        for step in range(1, limit + 1):
+            log_p = log_softmax(decoder.feed(pending)[:, -1]).astype(np.float64)  # (k, V)
+            candidates = (live_scores[:, None] + log_p).ravel()  # (k * V,)
+            order = np.argsort(-candidates, kind="stable")
+            order = order[np.isfinite(candidates[order])]  # impossible tokens never enter
+            keep: list[int] = []
+            for flat in order:
+                beam, token = divmod(int(flat), run.vocab_size)
+                if token == eos:
+                    ids = np.append(live_tokens[beam], token)
+                    score = float(candidates[flat]) / length_normalizer(step, alpha)
+                    finished.append(Hypothesis(ids, float(candidates[flat]), score, True))
+                else:
+                    keep.append(int(flat))
+                if len(keep) == beam_size:
+                    break
+            if not keep:
                 break
-        if not keep:
-            break
-        beams, tokens = np.divmod(np.array(keep), run.vocab_size)
-        live_tokens = np.concatenate([live_tokens[beams], tokens[:, None]], axis=1)
-        live_scores = candidates[keep]
-        if step == limit or _cannot_improve(finished, live_scores, alpha, limit):
-            break
-        decoder.reorder(beams)
-        pending = tokens[:, None]
-    if step == limit and keep:
-        normalizer = length_normalizer(limit, alpha)
-        finished += [
-            Hypothesis(ids, float(s), float(s) / normalizer, False)
-            for ids, s in zip(live_tokens, live_scores, strict=True)
-        ]
-    finished.sort(key=lambda h: -h.score)  # stable: earlier (shorter) hypotheses win ties
-    return BeamSearchResult(hypotheses=finished[:beam_size], steps=step)
+            beams, tokens = np.divmod(np.array(keep), run.vocab_size)
+            live_tokens = np.concatenate([live_tokens[beams], tokens[:, None]], axis=1)
+            live_scores = candidates[keep]
+            if step == limit or _cannot_improve(finished, live_scores, alpha, limit):
+                break
+            decoder.reorder(beams)
+            pending = tokens[:, None]
+        if step == limit and keep:
+            normalizer = length_normalizer(limit, alpha)
+            finished += [
+                Hypothesis(ids, float(s), float(s) / normalizer, False)
+                for ids, s in zip(live_tokens, live_scores, strict=True)
+            ]
+        finished.sort(key=lambda h: -h.score)  # stable: earlier (shorter) hypotheses win ties
+        return BeamSearchResult(hypotheses=finished[:beam_size], steps=step)
 
 
 def _cannot_improve(

@@ -15,8 +15,14 @@ from typing import Any
 import numpy as np
 
 from tinyformer._validation import generator, positive_int
-from tinyformer.data.tokenizers import BOS_ID, EOS_ID
-from tinyformer.generation.decoding import IncrementalDecoder, is_encoder_decoder, prepare
+from tinyformer.data.tokenizers import BOS_ID
+from tinyformer.generation.decoding import (
+    FAMILY_DEFAULT,
+    IncrementalDecoder,
+    evaluation_mode,
+    is_encoder_decoder,
+    prepare,
+)
 from tinyformer.generation.processing import check_temperature, probabilities, sample_tokens
 
 __all__ = ["SpeculativeResult", "speculative_decode"]
@@ -74,7 +80,7 @@ def speculative_decode(
     rng: np.random.Generator | None = None,
     temperature: float = 1.0,
     bos_id: int = BOS_ID,
-    eos_id: int | None = EOS_ID,
+    eos_id: int | None = FAMILY_DEFAULT,  # type: ignore[assignment]
     use_cache: bool = True,
 ) -> SpeculativeResult:
     r"""Generate from ``target`` with proposals from ``draft``; the output follows ``target``.
@@ -130,20 +136,21 @@ def speculative_decode(
             f" got shape {np.shape(inputs)}"
         )
     options = {"max_new_tokens": max_new_tokens, "bos_id": bos_id, "eos_id": eos_id}
-    run = prepare(draft, inputs, use_cache=use_cache, **options)  # checks fit the draft too
-    run_target = prepare(target, inputs, use_cache=use_cache, **options)
-    rounds = _Rounds(run_target.decoder, run.decoder, rng, temperature)
-    committed = run.first_tokens[0].tolist()  # the prompt, or [BOS]
-    start, limit = len(committed), run.max_new_tokens
-    finished = False
-    while len(committed) - start < limit and not finished:
-        remaining = limit - (len(committed) - start)
-        new_tokens = rounds.play(committed, min(n_draft, remaining - 1))
-        for token in new_tokens[:remaining]:
-            committed.append(token)
-            if token == run.eos_id:
-                finished = True
-                break
+    with evaluation_mode(target, draft):  # no dropout; the callers' modes come back
+        run = prepare(draft, inputs, use_cache=use_cache, **options)  # checks fit the draft too
+        run_target = prepare(target, inputs, use_cache=use_cache, **options)
+        rounds = _Rounds(run_target.decoder, run.decoder, rng, temperature)
+        committed = run.first_tokens[0].tolist()  # the prompt, or [BOS]
+        start, limit = len(committed), run.max_new_tokens
+        finished = False
+        while len(committed) - start < limit and not finished:
+            remaining = limit - (len(committed) - start)
+            new_tokens = rounds.play(committed, min(n_draft, remaining - 1))
+            for token in new_tokens[:remaining]:
+                committed.append(token)
+                if token == run.eos_id:
+                    finished = True
+                    break
     return SpeculativeResult(
         tokens=np.array(committed[start:], dtype=np.int64),
         finished=finished,

@@ -4,6 +4,7 @@
 - :class:`~tinyformer.models.encoder_decoder.EncoderDecoder`, :class:`~tinyformer.models.decoder_only.DecoderOnlyLM`: ``forward``/``backward`` for training,
   ``start``/``step`` with key/value caches for generation
 - :class:`~tinyformer.models.state.DecodeState`: what ``step`` carries from one call to the next
+- :func:`~tinyformer.models.loading.load_model`: a saved model back from its checkpoint in one call
 - :func:`~tinyformer.models.counting.parameter_count`, :func:`~tinyformer.models.counting.parameter_terms`: sizes in closed form;
   :func:`~tinyformer.models.counting.published_sizes`: GPT-2 and the original Transformer, checked against the formula
 """
@@ -20,6 +21,7 @@ from tinyformer.models.counting import (
 from tinyformer.models.decoder_only import DecoderOnlyLM
 from tinyformer.models.encoder_decoder import EncoderDecoder
 from tinyformer.models.encoder_only import EncoderOnlyConfig, EncoderOnlyMLM
+from tinyformer.models.loading import load_model, model_from_checkpoint
 from tinyformer.models.state import DecodeState
 
 __all__ = [
@@ -31,6 +33,8 @@ __all__ = [
     "EncoderOnlyConfig",
     "EncoderOnlyMLM",
     "PublishedSize",
+    "load_model",
+    "model_from_checkpoint",
     "parameter_count",
     "parameter_terms",
     "published_sizes",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyformer._validation import describe
+from tinyformer._validation import as_array, describe
 from tinyformer.masks import causal_mask
 from tinyformer.models.state import DecodeState
 
@@ -16,7 +16,7 @@ def check_ids(
 
     ``T`` must not exceed ``max_len`` (the config field named by ``limit``).
     """
-    arr = np.asarray(ids)
+    arr = as_array(ids, name)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must be an integer array of token ids, got {describe(arr)}")
     if arr.ndim != 2 or arr.size == 0:

@@ -1,10 +1,13 @@
-"""The backward pass shared by the single-stack models (decoder-only and encoder-only)."""
+"""Pieces the models share: the position layer they add, and the single-stack backward pass."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+
+from tinyformer.module import Module
+from tinyformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
 
 def stack_backward(model: Any, grad_logits: np.ndarray) -> None:
@@ -27,3 +30,14 @@ def stack_backward(model: Any, grad_logits: np.ndarray) -> None:
     if model.positions is not None:
         grad = model.positions.backward(grad)
     model.embedding.backward(grad)
+
+
+def make_positions(
+    kind: str, max_len: int, d_model: int, *, rng: np.random.Generator, dtype: np.dtype
+) -> Module | None:
+    """The position layer added to the embeddings: sinusoidal, learned, or None (rotary, none)."""
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_len, dtype=dtype)
+    if kind == "learned":
+        return LearnedPositionalEmbedding(max_len, d_model, rng=rng, dtype=dtype)
+    return None

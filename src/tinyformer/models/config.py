@@ -9,10 +9,13 @@ a model's configuration this way).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self
+
+import numpy as np
 
 from tinyformer._validation import (
     describe,
@@ -23,11 +26,12 @@ from tinyformer._validation import (
 )
 from tinyformer.feedforward import ACTIVATIONS
 
-__all__ = ["DTYPES", "DecoderOnlyConfig", "EncoderDecoderConfig"]
+__all__ = ["ATTENTION_SCALES", "DTYPES", "DecoderOnlyConfig", "EncoderDecoderConfig"]
 
 DTYPES = ("float32", "float64")
-ENCODER_DECODER_POSITIONS = ("sinusoidal", "learned")
-DECODER_ONLY_POSITIONS = ("learned", "sinusoidal", "rotary")
+ENCODER_DECODER_POSITIONS = ("sinusoidal", "learned", "none")
+DECODER_ONLY_POSITIONS = ("learned", "sinusoidal", "rotary", "none")
+ATTENTION_SCALES = ("sqrt", "none")
 
 
 def _set(config: object, name: str, value: object) -> None:
@@ -50,6 +54,10 @@ def _check_common(config: Any, positions: tuple[str, ...]) -> None:
     _set(config, "dropout", probability(config.dropout, "dropout"))
     one_of(config.activation, ACTIVATIONS, "activation")
     one_of(config.positional, positions, "positional")
+    if not isinstance(config.dtype, str):  # np.float32 or np.dtype("float32"): keep its name
+        with contextlib.suppress(TypeError):
+            if np.dtype(config.dtype).name in DTYPES:
+                _set(config, "dtype", np.dtype(config.dtype).name)
     one_of(config.dtype, DTYPES, "dtype")
     if config.positional == "sinusoidal" and config.d_model % 2:
         raise ValueError(
@@ -129,8 +137,12 @@ class EncoderDecoderConfig(_Serializable):
     activation : str
         Feed-forward nonlinearity: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
     positional : str
-        ``"sinusoidal"`` (fixed, needs an even ``d_model``) or ``"learned"``
-        (one table for the encoder and one for the decoder, ``max_len`` rows each).
+        ``"sinusoidal"`` (fixed, needs an even ``d_model``), ``"learned"``
+        (one table for the encoder and one for the decoder, ``max_len`` rows each)
+        or ``"none"`` (no position information at all: an ablation).
+    attention_scale : str
+        ``"sqrt"``: every attention layer multiplies its scores by :math:`1/\sqrt{d_k}`;
+        ``"none"``: by 1 (an ablation).
     share_embeddings : bool
         One embedding table for source and target; needs equal vocabulary sizes.
     tie_output : bool
@@ -141,7 +153,8 @@ class EncoderDecoderConfig(_Serializable):
         Padding id of source and target, below both vocabulary sizes; padded
         positions are masked out of attention by default.
     dtype : str
-        ``"float32"`` or ``"float64"``.
+        ``"float32"`` or ``"float64"`` (``np.float32`` and ``np.float64`` are
+        accepted and stored by name).
     """
 
     src_vocab_size: int
@@ -156,6 +169,7 @@ class EncoderDecoderConfig(_Serializable):
     norm_first: bool = False
     activation: str = "relu"
     positional: str = "sinusoidal"
+    attention_scale: str = "sqrt"
     share_embeddings: bool = False
     tie_output: bool = True
     scale_embeddings: bool = True
@@ -170,6 +184,7 @@ class EncoderDecoderConfig(_Serializable):
         for name in ("norm_first", "share_embeddings", "tie_output", "scale_embeddings"):
             _check_flag(self, name)
         _check_common(self, ENCODER_DECODER_POSITIONS)
+        one_of(self.attention_scale, ATTENTION_SCALES, "attention_scale")
         _set(self, "pad_id", non_negative_int(self.pad_id, "pad_id"))
         smallest = min(self.src_vocab_size, self.tgt_vocab_size)
         if self.pad_id >= smallest:
@@ -207,15 +222,16 @@ class DecoderOnlyConfig(_Serializable):
     activation : str
         ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
     positional : str
-        ``"learned"``, ``"sinusoidal"`` (even ``d_model``) or ``"rotary"`` (even
+        ``"learned"``, ``"sinusoidal"`` (even ``d_model``), ``"rotary"`` (even
         head size ``d_model / n_heads``; rotates queries and keys, adds nothing to
-        the embeddings).
+        the embeddings) or ``"none"`` (no position information: an ablation).
     tie_output : bool
         The output projection is the embedding table, transposed.
     scale_embeddings : bool
         Multiply embeddings by :math:`\sqrt{d_\text{model}}`.
     dtype : str
-        ``"float32"`` or ``"float64"``.
+        ``"float32"`` or ``"float64"`` (``np.float32`` and ``np.float64`` are
+        accepted and stored by name).
     """
 
     vocab_size: int

@@ -18,9 +18,8 @@ from tinyformer._validation import describe, generator, positive_int
 from tinyformer.blocks import DecoderBlock, DecoderCache
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
 from tinyformer.models._inputs import CausalMasks, check_ids, check_state
-from tinyformer.models._stack import stack_backward
+from tinyformer.models._stack import make_positions, stack_backward
 from tinyformer.models.config import DecoderOnlyConfig
-from tinyformer.models.encoder_decoder import make_positions
 from tinyformer.models.state import DecodeState
 from tinyformer.module import Module
 from tinyformer.norm import LayerNorm
@@ -53,6 +52,9 @@ class DecoderOnlyLM(Module):
         ``config.context_length``.
     dtype : numpy.dtype
     """
+
+    family = "decoder-only"
+    """The model family, which tells the generation functions what ``start`` takes."""
 
     def __init__(self, config: DecoderOnlyConfig, *, rng: np.random.Generator) -> None:
         super().__init__()

@@ -25,24 +25,14 @@ from tinyformer.blocks import DecoderBlock, DecoderCache, EncoderBlock
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
 from tinyformer.masks import padding_mask
 from tinyformer.models._inputs import CausalMasks, check_ids, check_mask, check_state
+from tinyformer.models._stack import make_positions
 from tinyformer.models.config import EncoderDecoderConfig
 from tinyformer.models.state import DecodeState
 from tinyformer.module import Module
+from tinyformer.multihead import MultiHeadAttention
 from tinyformer.norm import LayerNorm
-from tinyformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
-__all__ = ["EncoderDecoder", "make_positions"]
-
-
-def make_positions(
-    kind: str, max_len: int, d_model: int, *, rng: np.random.Generator, dtype: np.dtype
-) -> Module | None:
-    """The position layer added to the embeddings: sinusoidal, learned, or none (rotary)."""
-    if kind == "sinusoidal":
-        return SinusoidalPositionalEncoding(d_model, max_len, dtype=dtype)
-    if kind == "learned":
-        return LearnedPositionalEmbedding(max_len, d_model, rng=rng, dtype=dtype)
-    return None
+__all__ = ["EncoderDecoder"]
 
 
 class EncoderDecoder(Module):
@@ -80,6 +70,9 @@ class EncoderDecoder(Module):
         Dtype of parameters and logits.
     """
 
+    family = "encoder-decoder"
+    """The model family, which tells the generation functions what ``start`` takes."""
+
     def __init__(self, config: EncoderDecoderConfig, *, rng: np.random.Generator) -> None:
         super().__init__()
         if not isinstance(config, EncoderDecoderConfig):
@@ -113,6 +106,10 @@ class EncoderDecoder(Module):
         self.decoder_layers = [
             DecoderBlock(d, c.n_heads, c.d_ff, **block) for _ in range(c.n_decoder_layers)
         ]
+        if c.attention_scale == "none":  # the ablation: raw dot products in every attention
+            for module in self.modules():
+                if isinstance(module, MultiHeadAttention):
+                    module.scale = 1.0
         self.encoder_norm = LayerNorm(d, dtype=dtype) if c.norm_first else None
         self.decoder_norm = LayerNorm(d, dtype=dtype) if c.norm_first else None
         self.output: Module = (

@@ -24,7 +24,7 @@ from tinyformer.blocks import EncoderBlock
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
 from tinyformer.masks import padding_mask
 from tinyformer.models._inputs import check_ids, check_mask
-from tinyformer.models._stack import stack_backward
+from tinyformer.models._stack import make_positions, stack_backward
 from tinyformer.models.config import (
     ENCODER_DECODER_POSITIONS,
     _check_common,
@@ -32,7 +32,6 @@ from tinyformer.models.config import (
     _Serializable,
     _set,
 )
-from tinyformer.models.encoder_decoder import make_positions
 from tinyformer.module import Module
 from tinyformer.norm import LayerNorm
 
@@ -58,7 +57,8 @@ class EncoderOnlyConfig(_Serializable):
     activation : str
         ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
     positional : str
-        ``"learned"`` (BERT's) or ``"sinusoidal"`` (even ``d_model``).
+        ``"learned"`` (BERT's), ``"sinusoidal"`` (even ``d_model``) or ``"none"``
+        (no position information: an ablation).
     tie_output : bool
         The output projection is the embedding table, transposed.
     scale_embeddings : bool

@@ -16,7 +16,7 @@ Checkpoints are in :mod:`tinyformer.checkpoint`.
 from __future__ import annotations
 
 from tinyformer.training.batches import BatchStream, WindowDataset
-from tinyformer.training.evaluation import EarlyStopping, LossEvaluator
+from tinyformer.training.evaluation import EarlyStopping, LossEvaluator, metric_direction
 from tinyformer.training.history import TRAIN_FIELDS, History
 from tinyformer.training.loop import DivergenceError, Trainer
 from tinyformer.training.mlm import mlm_loss
@@ -34,6 +34,7 @@ __all__ = [
     "Trainer",
     "WindowDataset",
     "lm_loss",
+    "metric_direction",
     "mlm_loss",
     "seq2seq_loss",
 ]

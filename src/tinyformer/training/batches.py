@@ -55,6 +55,46 @@ class WindowDataset:
         self.inputs = inputs
         self.targets = targets
 
+    @classmethod
+    def from_tokens(
+        cls, ids: np.ndarray, seq_len: int, *, stride: int | None = None
+    ) -> WindowDataset:
+        """Cut one stream of token ids into windows whose targets are the inputs shifted by one.
+
+        Window ``i`` reads ``ids[s : s + seq_len]`` and predicts
+        ``ids[s + 1 : s + seq_len + 1]``, with ``s = i * stride``: every target is
+        the token that follows its input, which is the one shift a language
+        model's data needs.
+
+        Parameters
+        ----------
+        ids : numpy.ndarray of int
+            A 1-D stream of at least ``seq_len + 1`` token ids (a text encoded
+            by a tokenizer, say).
+        seq_len : int
+            Window length ``T`` (at most the model's context length).
+        stride : int, optional
+            Tokens between the starts of two windows; the default ``seq_len``
+            makes windows that do not overlap (and use every token as a target
+            once), a smaller stride makes more, overlapping windows.
+
+        Returns
+        -------
+        WindowDataset
+            ``1 + (len(ids) - seq_len - 1) // stride`` windows; tokens after the
+            last full window are left out.
+        """
+        stream = token_ids(ids, "ids")
+        seq_len = positive_int(seq_len, "seq_len")
+        stride = seq_len if stride is None else positive_int(stride, "stride")
+        if stream.ndim != 1 or stream.size < seq_len + 1:
+            raise ValueError(
+                f"ids must be a 1-D stream of at least seq_len + 1 = {seq_len + 1} token ids,"
+                f" got {describe(stream)}"
+            )
+        windows = np.lib.stride_tricks.sliding_window_view(stream, seq_len + 1)[::stride]
+        return cls(windows[:, :-1].copy(), windows[:, 1:].copy())  # (N, T) each
+
     def __len__(self) -> int:
         return self.inputs.shape[0]
 

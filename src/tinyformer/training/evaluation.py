@@ -13,7 +13,36 @@ from tinyformer.module import Module
 from tinyformer.training.batches import Dataset
 from tinyformer.training.objectives import Objective
 
-__all__ = ["EarlyStopping", "LossEvaluator"]
+__all__ = ["EarlyStopping", "LossEvaluator", "metric_direction"]
+
+# Words in a metric's name that say which way is better (see metric_direction).
+_LOWER_IS_BETTER = ("loss", "perplexity", "error", "excess", "nll", "entropy", "distance")
+_HIGHER_IS_BETTER = ("accuracy", "exact_match", "f1", "bleu", "precision", "recall", "auc")
+
+
+def metric_direction(metric: str) -> str:
+    """``"min"`` if a smaller value of ``metric`` is better, ``"max"`` if a larger one is.
+
+    Read from the metric's name: ``loss``, ``perplexity``, ``error``, ``excess``,
+    ``nll``, ``entropy`` or ``distance`` in it mean smaller is better;
+    ``accuracy``, ``exact_match``, ``f1``, ``bleu``, ``precision``, ``recall``
+    or ``auc`` mean larger is.
+
+    Raises
+    ------
+    ValueError
+        If the name says neither, or says both.
+    """
+    name = metric.lower()
+    lower = [word for word in _LOWER_IS_BETTER if word in name]
+    higher = [word for word in _HIGHER_IS_BETTER if word in name]
+    if bool(lower) == bool(higher):
+        said = "both" if lower else "neither"
+        raise ValueError(
+            f"cannot tell from the name {metric!r} whether larger or smaller is better (it says"
+            f" {said}): pass mode='max' or mode='min'"
+        )
+    return "min" if lower else "max"
 
 
 class EarlyStopping:
@@ -26,8 +55,11 @@ class EarlyStopping:
     target : float, optional
         Stop at the first evaluation where the metric reaches it (``>=`` in
         mode ``"max"``, ``<=`` in mode ``"min"``).
-    mode : str
-        ``"max"`` if larger is better, ``"min"`` if smaller is.
+    mode : str, optional
+        ``"max"`` if larger is better, ``"min"`` if smaller is. By default read
+        from the metric's name by :func:`metric_direction` (``"loss"`` is
+        minimized, ``"accuracy"`` maximized); a name that says neither must be
+        given a mode.
     patience : int, optional
         Stop after this many evaluations in a row without an improvement of
         more than ``min_delta`` over the best so far.
@@ -39,12 +71,14 @@ class EarlyStopping:
         metric: str,
         *,
         target: float | None = None,
-        mode: str = "max",
+        mode: str | None = None,
         patience: int | None = None,
         min_delta: float = 0.0,
     ) -> None:
         if not isinstance(metric, str) or not metric:
             raise TypeError(f"metric must be a metric name, got {describe(metric)}")
+        if mode is None:
+            mode = metric_direction(metric)
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
         if target is None and patience is None:

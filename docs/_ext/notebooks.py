@@ -1,0 +1,86 @@
+"""Offer every executable page as a Jupyter notebook (``.ipynb``) in the theme's download menu.
+
+For each page that myst-nb reads as a notebook, the page's source is converted with
+myst-nb's own reader (the conversion the build executes) and written, without outputs, to
+``_sources/<page>.ipynb`` beside the page's Markdown source; ``ipynb_source`` in the page's
+context makes sphinx-book-theme's download button list it. The notebook runs top to bottom
+with ``tinyformer`` installed (``pip install -e .`` in the repository, with matplotlib):
+the chapters' ``from myst_nb import glue`` (which stores values for the book's prose) gets a
+stand-in that shows the value when myst-nb is not installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from myst_nb.core.read import create_nb_reader
+from sphinx.application import Sphinx
+
+GLUE_IMPORT = "from myst_nb import glue"
+PREAMBLE_MD = """\
+*This notebook is a page of the book* Understanding Transformers. *It runs top to bottom with
+`tinyformer` installed (from the book's repository: `pip install -e .` and `matplotlib`). Its
+text is MyST Markdown: roles such as `{term}` and `{glue:text}` render only in the book.*"""
+PREAMBLE_CODE = f"""\
+try:
+    {GLUE_IMPORT}
+except ImportError:  # outside the book's build: show a glued value instead of storing it
+    from IPython.display import display as _display
+
+    def glue(name, value, display=True):
+        \"\"\"Stand-in for myst_nb.glue: display the value (when asked to).\"\"\"
+        if display:
+            _display(value)"""
+
+
+def notebook(app: Sphinx, docname: str) -> nbformat.NotebookNode | None:
+    """The page as a notebook without outputs, or None if the page is not a notebook."""
+    path = Path(app.env.doc2path(docname))
+    text = path.read_text(encoding="utf-8")
+    reader = create_nb_reader(str(path), app.env.myst_config, app.env.mystnb_config, text)
+    if reader is None:
+        return None
+    nb = reader.read(text)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and GLUE_IMPORT in cell.source:
+            lines = cell.source.splitlines()
+            cell.source = "\n".join(
+                "# glue: see the first code cell" if line.strip() == GLUE_IMPORT else line
+                for line in lines
+            )
+    preamble = [
+        nbformat.v4.new_markdown_cell(PREAMBLE_MD),
+        nbformat.v4.new_code_cell(PREAMBLE_CODE),
+    ]
+    nb.cells = preamble + list(nb.cells)
+    for cell in nb.cells:
+        cell.pop("id", None)
+    nb.metadata.pop("source_map", None)
+    out = nbformat.v4.upgrade(nb) if nb.nbformat < 4 else nb
+    out.nbformat, out.nbformat_minor = 4, 5
+    for i, cell in enumerate(out.cells):
+        cell["id"] = f"cell-{i}"
+    return out
+
+
+def _add_notebook(
+    app: Sphinx, pagename: str, _templatename: str, context: dict[str, Any], _doctree: Any
+) -> None:
+    if app.builder.format != "html" or pagename not in app.env.all_docs:
+        return
+    nb = notebook(app, pagename)
+    if nb is None:
+        return
+    nbformat.validate(nb)
+    target = Path(app.outdir) / "_sources" / f"{pagename}.ipynb"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
+    context["ipynb_source"] = f"{pagename}.ipynb"
+
+
+def setup(app: Sphinx) -> dict[str, object]:
+    """Register the extension (before the theme builds its download menu)."""
+    app.connect("html-page-context", _add_notebook, priority=400)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
