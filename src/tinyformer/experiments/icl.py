@@ -21,11 +21,10 @@ import numpy as np
 
 from tinyformer._validation import positive_int, token_ids
 from tinyformer.data.icl import repeated_halves, repeated_segments
+from tinyformer.experiments.markov import lm_trainer
 from tinyformer.experiments.result import ExperimentResult
-from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
-from tinyformer.optim import AdamW
-from tinyformer.schedules import WarmupCosineSchedule
-from tinyformer.training import Trainer, WindowDataset, lm_loss
+from tinyformer.models import DecoderOnlyConfig
+from tinyformer.training import WindowDataset
 
 __all__ = [
     "copy_accuracy_by_length",
@@ -241,22 +240,21 @@ def in_context(
         positional=positional,
         dtype=dtype,
     )
-    model = DecoderOnlyLM(config, rng=np.random.default_rng([seed, 4]))
-    schedule = WarmupCosineSchedule(peak_lr, warmup_steps, max_steps, min_lr=peak_lr / 20)
-    optimizer = AdamW(model.parameters(), schedule, betas=(0.9, 0.98), weight_decay=0.01)
-    trainer = Trainer(
-        model,
-        optimizer,
-        lm_loss,
+    trainer = lm_trainer(
+        config,
         train,
+        seed=seed,
+        peak_lr=peak_lr,
+        warmup_steps=warmup_steps,
+        max_steps=max_steps,
         batch_size=batch_size,
-        rng=np.random.default_rng([seed, 5]),
         clip_norm=1.0,
         evaluate=lambda m: _halves_metrics(m, validation, half),
         eval_every=eval_every,
         log_every=10,
         progress=progress,
     )
+    model = trainer.model
     trainer.fit(max_steps)
     model.eval()
     metrics = {"log_vocab": float(np.log(vocab_size))}

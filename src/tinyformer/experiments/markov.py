@@ -20,7 +20,7 @@ from tinyformer.optim import AdamW
 from tinyformer.schedules import WarmupCosineSchedule
 from tinyformer.training import EarlyStopping, Trainer, WindowDataset, lm_loss
 
-__all__ = ["markov_lm", "markov_task", "per_position_loss"]
+__all__ = ["lm_trainer", "markov_lm", "markov_task", "per_position_loss"]
 
 
 def per_position_loss(model: Any, data: WindowDataset, *, batch_size: int = 256) -> np.ndarray:
@@ -51,6 +51,39 @@ def _markov_metrics(model: Any, data: WindowDataset, source: MarkovSource) -> di
         "loss_all_positions": float(losses.mean()),
         "optimal_all_positions": float(optimal.mean()),
     }
+
+
+def lm_trainer(
+    config: DecoderOnlyConfig,
+    train: WindowDataset,
+    *,
+    seed: int,
+    peak_lr: float,
+    warmup_steps: int,
+    max_steps: int,
+    batch_size: int,
+    **options: Any,
+) -> Trainer:
+    """The book's recipe for its language models, ready to ``fit``: model, AdamW, warm-up + cosine.
+
+    A :class:`~tinyformer.models.decoder_only.DecoderOnlyLM` drawn from ``[seed, 4]``;
+    AdamW with betas (0.9, 0.98) and weight decay 0.01 on a warm-up + cosine schedule
+    that ends at a twentieth of ``peak_lr``; batches shuffled by ``[seed, 5]``.
+    ``options`` go to the :class:`~tinyformer.training.loop.Trainer` (clipping,
+    evaluation, early stopping, logging). Every language-model experiment trains this way.
+    """
+    model = DecoderOnlyLM(config, rng=np.random.default_rng([seed, 4]))
+    schedule = WarmupCosineSchedule(peak_lr, warmup_steps, max_steps, min_lr=peak_lr / 20)
+    optimizer = AdamW(model.parameters(), schedule, betas=(0.9, 0.98), weight_decay=0.01)
+    return Trainer(
+        model,
+        optimizer,
+        lm_loss,
+        train,
+        batch_size=batch_size,
+        rng=np.random.default_rng([seed, 5]),
+        **options,
+    )
 
 
 def markov_task(
@@ -157,17 +190,15 @@ def markov_lm(
         activation=activation,
         dtype=dtype,
     )
-    model = DecoderOnlyLM(config, rng=np.random.default_rng([seed, 4]))
     max_steps = positive_int(max_steps, "max_steps")
-    schedule = WarmupCosineSchedule(peak_lr, warmup_steps, max_steps, min_lr=peak_lr / 20)
-    optimizer = AdamW(model.parameters(), schedule, betas=(0.9, 0.98), weight_decay=0.01)
-    trainer = Trainer(
-        model,
-        optimizer,
-        lm_loss,
+    trainer = lm_trainer(
+        config,
         train,
+        seed=seed,
+        peak_lr=peak_lr,
+        warmup_steps=warmup_steps,
+        max_steps=max_steps,
         batch_size=batch_size,
-        rng=np.random.default_rng([seed, 5]),
         clip_norm=1.0,
         evaluate=lambda m: _markov_metrics(m, validation, source),
         eval_every=eval_every,
@@ -176,7 +207,7 @@ def markov_lm(
         progress=progress,
     )
     trainer.fit(max_steps)
-    model.eval()
+    model = trainer.model.eval()
     metrics = {"entropy_rate": source.entropy_rate}
     metrics.update(_markov_metrics(model, heldout, source))
     full_context = np.concatenate([heldout.inputs[:, :1], heldout.targets], axis=1)

@@ -21,13 +21,11 @@ import numpy as np
 
 from tinyformer._validation import positive_int
 from tinyformer.data import MarkovSource
-from tinyformer.experiments.markov import markov_task, per_position_loss
+from tinyformer.experiments.markov import lm_trainer, markov_task, per_position_loss
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.masks import causal_mask
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
-from tinyformer.optim import AdamW
-from tinyformer.schedules import WarmupCosineSchedule
-from tinyformer.training import DivergenceError, Trainer, WindowDataset, lm_loss
+from tinyformer.training import DivergenceError, WindowDataset, lm_loss
 
 __all__ = ["block_gradient_norms", "norm_placement", "stream_rms"]
 
@@ -157,19 +155,18 @@ def norm_placement(
         activation="gelu_tanh",
         dtype=dtype,
     )
-    model = DecoderOnlyLM(config, rng=np.random.default_rng([seed, 4]))
-    schedule = WarmupCosineSchedule(peak_lr, warmup_steps, max_steps, min_lr=peak_lr / 20)
-    optimizer = AdamW(model.parameters(), schedule, betas=(0.9, 0.98), weight_decay=0.01)
-    trainer = Trainer(
-        model,
-        optimizer,
-        lm_loss,
+    trainer = lm_trainer(
+        config,
         train,
+        seed=seed,
+        peak_lr=peak_lr,
+        warmup_steps=warmup_steps,
+        max_steps=max_steps,
         batch_size=batch_size,
-        rng=np.random.default_rng([seed, 5]),
         log_every=log_every,
         progress=progress,
     )
+    model = trainer.model
     first_batch = train.batch(np.arange(batch_size))
     init_norms = block_gradient_norms(model, first_batch)
     init_rms = stream_rms(model, first_batch[0])

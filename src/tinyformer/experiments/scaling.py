@@ -31,13 +31,11 @@ import numpy as np
 from tinyformer import cost
 from tinyformer._validation import float_array, generator, positive_float, positive_int
 from tinyformer.data import MarkovSource
-from tinyformer.experiments.markov import per_position_loss
+from tinyformer.experiments.markov import lm_trainer, per_position_loss
 from tinyformer.experiments.result import ExperimentResult
-from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
+from tinyformer.models import DecoderOnlyConfig
 from tinyformer.models.counting import parameter_count
-from tinyformer.optim import AdamW
-from tinyformer.schedules import WarmupCosineSchedule
-from tinyformer.training import Trainer, WindowDataset, lm_loss
+from tinyformer.training import WindowDataset
 
 __all__ = [
     "ISO_COMPUTE_WIDTHS",
@@ -282,20 +280,19 @@ def scaling(
         context_length=context_length,
         dtype=dtype,
     )
-    model = DecoderOnlyLM(config, rng=np.random.default_rng([seed, 4]))
-    schedule = WarmupCosineSchedule(peak_lr, warmup_steps, max_steps, min_lr=peak_lr / 20)
-    optimizer = AdamW(model.parameters(), schedule, betas=(0.9, 0.98), weight_decay=0.01)
-    trainer = Trainer(
-        model,
-        optimizer,
-        lm_loss,
+    trainer = lm_trainer(
+        config,
         train,
+        seed=seed,
+        peak_lr=peak_lr,
+        warmup_steps=warmup_steps,
+        max_steps=max_steps,
         batch_size=batch_size,
-        rng=np.random.default_rng([seed, 5]),
         clip_norm=1.0,
         log_every=log_every,
         progress=progress,
     )
+    model = trainer.model
     trainer.fit(max_steps)
     model.eval()
     loss = float(per_position_loss(model, heldout)[order - 1 :].mean())
