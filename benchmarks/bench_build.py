@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-BUDGETS = {"cold": 240.0, "no change": 10.0, "one cell edited": 30.0}
+BUDGETS = {"cold": 480.0, "no change": 10.0, "one cell edited": 30.0}
 
 
 def _build_dir() -> Path:
