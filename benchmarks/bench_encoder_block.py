@@ -24,6 +24,7 @@ import ctypes
 import json
 import os
 import platform
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,8 @@ import torch
 from _harness import THREAD_VARIABLES, cpuinfo, run_setting, time_alternately
 
 from tinyformer.blocks import EncoderBlock
+from tinyformer.cost import count_matmuls
+from tinyformer.runtime import retain_freed_memory
 
 try:
     from threadpoolctl import threadpool_info
@@ -148,19 +151,39 @@ def _make_pair(size: dict[str, int], dtype_name: str):
         out.backward(grad_torch)
         return out.detach().numpy()
 
-    return step_ours, step_theirs
+    return step_ours, step_theirs, ours
+
+
+def matmul_peak(dtype_name: str, repeats: int = 9) -> float:
+    """GFLOP/s of NumPy's 1024 x 1024 x 1024 matrix product: this machine's practical peak."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((1024, 1024)).astype(dtype_name) for _ in range(2))
+    a @ b  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - start)
+    return 2 * 1024**3 / float(np.median(seconds)) / 1e9
 
 
 def run_child(repeats_small: int, repeats_large: int) -> None:
     """Time every size and dtype in this process; print one JSON line each."""
     threads = int(os.environ["OMP_NUM_THREADS"])
     torch.set_num_threads(threads)
-    print(json.dumps({"settings": blas_settings()}), flush=True)
+    settings = blas_settings()
+    settings["freed memory kept for reuse (glibc)"] = str(retain_freed_memory())
+    peaks = {dtype_name: matmul_peak(dtype_name) for dtype_name in DTYPES}
+    for dtype_name, peak in peaks.items():
+        settings[f"matrix-product peak, {dtype_name}"] = f"{peak:.1f} GFLOP/s"
+    print(json.dumps({"settings": settings}), flush=True)
     for size in SIZES:
         large = size["seq_len"] * size["batch"] > 2048
         for dtype_name in DTYPES:
-            step_ours, step_theirs = _make_pair(size, dtype_name)
-            difference = float(np.abs(step_ours() - step_theirs()).max())  # also a warm-up
+            step_ours, step_theirs, block = _make_pair(size, dtype_name)
+            with count_matmuls(block) as count:
+                out = step_ours()
+            difference = float(np.abs(out - step_theirs()).max())  # also a warm-up
             step_ours(), step_theirs()
             repeats = repeats_large if large else repeats_small
             times_ours, times_theirs = time_alternately(step_ours, step_theirs, repeats)
@@ -172,6 +195,8 @@ def run_child(repeats_small: int, repeats_large: int) -> None:
                 "ours_ms": 1e3 * float(np.median(times_ours)),
                 "torch_ms": 1e3 * float(np.median(times_theirs)),
                 "max_abs_difference": difference,
+                "matmul_flops": count.matrix,
+                "peak_gflops": peaks[dtype_name],
             }
             print(json.dumps(row), flush=True)
 
@@ -186,20 +211,29 @@ def _run_setting(threads: int, coretype: str | None, args: argparse.Namespace) -
 
 def _print_table(rows: list[dict]) -> None:
     header = (
-        f"{'size':<36} {'dtype':<8} {'threads':>7} {'OPENBLAS_CORETYPE':<18}"
-        f" {'tinyformer ms':>13} {'torch ms':>9} {'ratio':>6} {'max |diff|':>10}"
+        f"{'size':<30} {'dtype':<8} {'thr':>3} {'CORETYPE':<9} {'tinyformer ms':>13}"
+        f" {'torch ms':>9} {'ratio':>6} {'floor':>6} {'GFLOP/s ours':>12} {'torch':>6}"
+        f" {'peak':>6} {'max |diff|':>10}"
     )
     print("\n" + header)
     print("-" * len(header))
     for r in rows:
         s = r["size"]
-        size = f"B={s['batch']} T={s['seq_len']} d={s['d_model']} h={s['n_heads']} ff={s['d_ff']}"
+        size = f"B={s['batch']} T={s['seq_len']} d={s['d_model']} ff={s['d_ff']}"
+        gflop = r["matmul_flops"] / 1e9
+        floor_ms = 1e3 * gflop / r["peak_gflops"]
         print(
-            f"{size:<36} {r['dtype']:<8} {r['threads']:>7} {r['coretype']:<18}"
+            f"{size:<30} {r['dtype']:<8} {r['threads']:>3} {r['coretype']:<9}"
             f" {r['ours_ms']:>13.2f} {r['torch_ms']:>9.2f} {r['ours_ms'] / r['torch_ms']:>6.2f}"
+            f" {floor_ms / r['torch_ms']:>6.2f} {1e3 * gflop / r['ours_ms']:>12.1f}"
+            f" {1e3 * gflop / r['torch_ms']:>6.1f} {r['peak_gflops']:>6.1f}"
             f" {r['max_abs_difference']:>10.1e}"
         )
-    print("ratio = tinyformer median / PyTorch median (below 1: NumPy is faster)")
+    print(
+        "ratio = tinyformer median / PyTorch median (below 1: NumPy is faster); floor = the"
+        " ratio if the step were its\nmatrix products at the measured peak and nothing else;"
+        " GFLOP/s = the step's matrix-product FLOPs / its time"
+    )
 
 
 def main() -> None:
@@ -213,8 +247,9 @@ def main() -> None:
     parser.add_argument(
         "--coretypes",
         nargs="+",
-        help="OPENBLAS_CORETYPE values to run ('default' = unset); by default the"
-        " unset setting, plus SkylakeX where the CPU has AVX-512",
+        help="OPENBLAS_CORETYPE values to run ('default' = unset, OpenBLAS's own choice for"
+        " this CPU, the only one by default); forcing SkylakeX on a CPU without AVX-512"
+        " stops with an illegal instruction",
     )
     args = parser.parse_args()
     if args.quick:
@@ -228,17 +263,9 @@ def main() -> None:
         f"CPU: {cpuinfo('model name') or platform.machine()}, {os.cpu_count()} logical cores;"
         f" AVX2: {'avx2' in flags}, AVX-512F: {'avx512f' in flags}"
     )
-    coretypes: list[str | None] = [None]
+    coretypes: list[str | None] = [None]  # OpenBLAS chooses its kernels for this CPU
     if args.coretypes:
         coretypes = [None if c == "default" else c for c in args.coretypes]
-    elif "avx512f" in flags:
-        coretypes.append("SkylakeX")
-    else:
-        print(
-            "OPENBLAS_CORETYPE=SkylakeX is not tried: this CPU has no AVX-512, and its"
-            " kernels would stop with an illegal instruction. OpenBLAS's own choice is used"
-            " (--coretypes default SkylakeX tries both anyway)."
-        )
     rows = []
     for threads in args.threads:
         for coretype in coretypes:

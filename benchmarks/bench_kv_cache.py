@@ -70,6 +70,32 @@ def settings() -> dict[str, str]:
     return info
 
 
+def compare(model: DecoderOnlyLM, prompt: np.ndarray, new_tokens: int, repeats: int) -> dict:
+    """Greedy decoding of ``prompt`` with and without the cache: medians (ms) and the check.
+
+    Also used by ``bench_generation.py`` for the cache's speed-up next to PyTorch.
+    """
+
+    def generate(use_cache: bool):
+        return greedy(model, prompt, max_new_tokens=new_tokens, eos_id=None, use_cache=use_cache)
+
+    cached, uncached = generate(True), generate(False)  # warm-up, and the check
+    same = all(np.array_equal(a, b) for a, b in zip(cached.tokens, uncached.tokens, strict=True))
+    gap = max(
+        float(np.abs(a - b).max())
+        for a, b in zip(cached.token_log_probs, uncached.token_log_probs, strict=True)
+    )
+    cached_times, uncached_times = time_alternately(
+        lambda: generate(True), lambda: generate(False), repeats, collect_each=True
+    )
+    return {
+        "cached_ms": 1e3 * float(np.median(cached_times)),
+        "uncached_ms": 1e3 * float(np.median(uncached_times)),
+        "same_tokens": same,
+        "max_log_prob_gap": gap,
+    }
+
+
 def run_child(repeats: int, dtype: str) -> None:
     """Time every batch size and length in this process; print one JSON line each."""
     print(json.dumps({"settings": settings()}), flush=True)
@@ -79,30 +105,12 @@ def run_child(repeats: int, dtype: str) -> None:
     for batch in BATCHES:
         prompt = np.random.default_rng(1).integers(4, MODEL["vocab_size"], (batch, PROMPT_LENGTH))
         for new_tokens in NEW_TOKENS:
-
-            def generate(use_cache: bool, n: int = new_tokens, prompt: np.ndarray = prompt):
-                return greedy(model, prompt, max_new_tokens=n, eos_id=None, use_cache=use_cache)
-
-            cached, uncached = generate(True), generate(False)  # warm-up, and the check
-            same = all(
-                np.array_equal(a, b) for a, b in zip(cached.tokens, uncached.tokens, strict=True)
-            )
-            gap = max(
-                float(np.abs(a - b).max())
-                for a, b in zip(cached.token_log_probs, uncached.token_log_probs, strict=True)
-            )
-            cached_times, uncached_times = time_alternately(
-                lambda: generate(True), lambda: generate(False), repeats, collect_each=True
-            )
             row = {
                 "batch": batch,
                 "new_tokens": new_tokens,
                 "threads": int(os.environ["OMP_NUM_THREADS"]),
                 "repeats": repeats,
-                "cached_ms": 1e3 * float(np.median(cached_times)),
-                "uncached_ms": 1e3 * float(np.median(uncached_times)),
-                "same_tokens": same,
-                "max_log_prob_gap": gap,
+                **compare(model, prompt, new_tokens, repeats),
             }
             print(json.dumps(row), flush=True)
 

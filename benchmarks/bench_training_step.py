@@ -27,9 +27,20 @@ Sizes are the book's:
 
 BLAS threads must be fixed before NumPy loads, so each thread count runs in a
 child process with ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS``
-set and ``torch.set_num_threads`` called. The two libraries are timed in
-alternation, repeat after repeat; medians are reported, and the ratio is
+set and ``torch.set_num_threads`` called. The child process is set up as
+tinyformer's ``Trainer`` sets up its own (``tinyformer.runtime.retain_freed_memory``:
+freed memory is kept for reuse), which serves both libraries alike. The two are
+timed in alternation, repeat after repeat; medians are reported, and the ratio is
 tinyformer's median over PyTorch's (below 1: NumPy is faster).
+
+The distance to the physical limit is printed too. The step's matrix products are
+counted (``tinyformer.cost.count_matmuls``; both libraries compute the same
+products), and each library's achieved rate, products' FLOPs over the step's
+time, is set against this machine's matrix-product peak, measured in the same
+process as the median rate of a 1024 x 1024 x 1024 product in the same dtype and
+thread count. "floor" is the ratio a library would reach if it spent nothing but
+the products' time at that peak: no step can be faster than that against this
+PyTorch run.
 
 Run ``python benchmarks/bench_training_step.py`` (``--quick`` for fewer repeats,
 ``--threads 1 2`` for more thread counts, ``--profile`` to print where
@@ -47,12 +58,14 @@ import platform
 import pstats
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from tinyformer.cost import count_matmuls
 from tinyformer.losses import cross_entropy
 from tinyformer.models import (
     DecoderOnlyConfig,
@@ -62,6 +75,7 @@ from tinyformer.models import (
 )
 from tinyformer.optim import AdamW
 from tinyformer.positional import sinusoidal_encoding
+from tinyformer.runtime import retain_freed_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import THREAD_VARIABLES, cpuinfo, run_setting, time_alternately
@@ -143,7 +157,7 @@ class TorchEncoderDecoder(torch.nn.Module):
         self.decoder = torch.nn.ModuleList(
             torch.nn.TransformerDecoderLayer(**options) for _ in range(c.n_decoder_layers)
         )
-        table = sinusoidal_encoding(c.max_len, c.d_model, dtype=c.dtype)
+        table = sinusoidal_encoding(c.context_length, c.d_model, dtype=c.dtype)
         self.register_buffer("positions", torch.from_numpy(table))
         _copy(self.source_embedding.weight, ours.source_embedding.weight.value)
         _copy(self.target_embedding.weight, ours.target_embedding.weight.value)
@@ -261,21 +275,43 @@ def _make_pair(family: str, dtype_name: str):
             theirs_logits = theirs(*inputs_torch).numpy()
         return float(np.abs(ours.forward(*inputs) - theirs_logits).max())
 
-    return step_ours, step_theirs, difference
+    return step_ours, step_theirs, difference, ours
+
+
+def matmul_peak(dtype_name: str, repeats: int = 9) -> float:
+    """GFLOP/s of NumPy's 1024 x 1024 x 1024 matrix product: this machine's practical peak."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((1024, 1024)).astype(dtype_name) for _ in range(2))
+    a @ b  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - start)
+    return 2 * 1024**3 / float(np.median(seconds)) / 1e9
 
 
 def run_child(repeats: int, profile: str | None) -> None:
     """Time every family and dtype in this process; print one JSON line each."""
     threads = int(os.environ["OMP_NUM_THREADS"])
     torch.set_num_threads(threads)
+    retained = retain_freed_memory()
     if profile:
         _profile(*profile.split(":"))
         return
-    print(json.dumps({"settings": blas_settings()}), flush=True)
+    settings = blas_settings()
+    settings["freed memory kept for reuse (glibc)"] = str(retained)
+    peaks = {dtype_name: matmul_peak(dtype_name) for dtype_name in DTYPES}
+    for dtype_name, peak in peaks.items():
+        settings[f"matrix-product peak, {dtype_name}"] = f"{peak:.1f} GFLOP/s"
+    print(json.dumps({"settings": settings}), flush=True)
     for family in FAMILIES:
         for dtype_name in DTYPES:
-            step_ours, step_theirs, difference = _make_pair(family, dtype_name)
+            step_ours, step_theirs, difference, model = _make_pair(family, dtype_name)
             before = difference()
+            with count_matmuls(model) as count:  # the step's products, counted once
+                step_ours()
+            step_theirs()
             for _ in range(3):  # warm-up, the same number of updates on both sides
                 step_ours(), step_theirs()
             times_ours, times_theirs = time_alternately(step_ours, step_theirs, repeats)
@@ -288,13 +324,15 @@ def run_child(repeats: int, profile: str | None) -> None:
                 "torch_ms": 1e3 * float(np.median(times_theirs)),
                 "diff_before": before,
                 "diff_after": difference(),
+                "matmul_flops": count.matrix,
+                "peak_gflops": peaks[dtype_name],
             }
             print(json.dumps(row), flush=True)
 
 
 def _profile(family: str, dtype_name: str) -> None:
     """Profile 200 tinyformer steps; print the functions by their own time."""
-    step_ours, _, _ = _make_pair(family, dtype_name)
+    step_ours, _, _, _ = _make_pair(family, dtype_name)
     step_ours()
     profiler = cProfile.Profile()
     profiler.enable()
@@ -318,20 +356,27 @@ def _run_setting(threads: int, args: argparse.Namespace) -> list[dict]:
 
 def _print_table(rows: list[dict]) -> None:
     header = (
-        f"{'model':<16} {'dtype':<8} {'threads':>7} {'tinyformer ms':>13} {'torch ms':>9}"
-        f" {'ratio':>6} {'|diff| before':>13} {'|diff| after':>12}"
+        f"{'model':<17} {'dtype':<8} {'thr':>3} {'tinyformer ms':>13} {'torch ms':>9}"
+        f" {'ratio':>6} {'floor':>6} {'GFLOP/s ours':>12} {'torch':>6} {'peak':>6}"
+        f" {'|diff| before':>13} {'after':>8}"
     )
     print("\n" + header)
     print("-" * len(header))
     for r in rows:
+        gflop = r["matmul_flops"] / 1e9
+        floor_ms = 1e3 * gflop / r["peak_gflops"]
         print(
-            f"{r['family']:<16} {r['dtype']:<8} {r['threads']:>7} {r['ours_ms']:>13.2f}"
+            f"{r['family']:<17} {r['dtype']:<8} {r['threads']:>3} {r['ours_ms']:>13.2f}"
             f" {r['torch_ms']:>9.2f} {r['ours_ms'] / r['torch_ms']:>6.2f}"
-            f" {r['diff_before']:>13.1e} {r['diff_after']:>12.1e}"
+            f" {floor_ms / r['torch_ms']:>6.2f} {1e3 * gflop / r['ours_ms']:>12.1f}"
+            f" {1e3 * gflop / r['torch_ms']:>6.1f} {r['peak_gflops']:>6.1f}"
+            f" {r['diff_before']:>13.1e} {r['diff_after']:>8.1e}"
         )
     print(
-        "ratio = tinyformer median / PyTorch median (below 1: NumPy is faster);"
-        " |diff| = max |logits difference| before and after the timed steps"
+        "ratio = tinyformer median / PyTorch median (below 1: NumPy is faster); floor = the"
+        " ratio if the step were its\nmatrix products at the measured peak and nothing else;"
+        " GFLOP/s = the step's matrix-product FLOPs / its time;\n|diff| = max |logits"
+        " difference| before and after the timed steps"
     )
 
 

@@ -140,6 +140,22 @@ def _config_dict(model: Module) -> dict[str, Any] | None:
     return json.loads(json.dumps(config.to_dict()))
 
 
+def _current_names(saved: dict[str, Any] | None, model: Module) -> dict[str, Any] | None:
+    """The saved config with renamed fields under today's names (``max_len`` -> ``context_length``).
+
+    Goes through the model's config class (``from_dict`` reads old names), so this module
+    needs to know no field name; a saved config that class refuses is returned unchanged,
+    for the comparison to name what differs.
+    """
+    config = getattr(model, "config", None)
+    if saved is None or config is None or not hasattr(type(config), "from_dict"):
+        return saved
+    try:
+        return json.loads(json.dumps(type(config).from_dict(saved).to_dict()))
+    except (TypeError, ValueError):
+        return saved
+
+
 # ------------------------------------------------------------------------- save
 def save_checkpoint(
     path: str | os.PathLike[str],
@@ -322,17 +338,17 @@ class Checkpoint:
         saved_class = self.metadata["model"]["class"]
         if saved_class != type(model).__name__:
             raise self._fail(f"it holds a {saved_class}, not a {type(model).__name__}")
-        expected = _config_dict(model)
-        if expected != self.config:
-            if expected is None or self.config is None:
+        expected, saved_config = _config_dict(model), _current_names(self.config, model)
+        if expected != saved_config:
+            if expected is None or saved_config is None:
                 raise self._fail("one of the model and the checkpoint has a config, the other not")
             differ = sorted(
                 k
-                for k in expected.keys() | self.config.keys()
-                if expected.get(k) != self.config.get(k)
+                for k in expected.keys() | saved_config.keys()
+                if expected.get(k) != saved_config.get(k)
             )
             details = ", ".join(
-                f"{k}: saved {self.config.get(k)!r}, model {expected.get(k)!r}" for k in differ
+                f"{k}: saved {saved_config.get(k)!r}, model {expected.get(k)!r}" for k in differ
             )
             raise self._fail(f"its config does not match the model's ({details})")
         saved = self.group("model")

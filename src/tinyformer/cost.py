@@ -225,15 +225,15 @@ def block_activation_elements(config: StackConfig, seq_len: int) -> dict[str, in
     (:math:`T`); attention keeps its input, :math:`Q, K, V` and the merged heads
     (:math:`5Td`) and the weights (:math:`hT^2`); the feed-forward network keeps its
     input (:math:`Td`) and :math:`k\,T d_\text{ff}`, where :math:`k` = 1 for ReLU (its
-    output says where the input was positive), 3 for exact GELU (input, :math:`\Phi` and
-    output) and 2 otherwise (input and output). Dropout with :math:`p > 0` adds a mask for
+    output says where the input was positive) and 2 otherwise (the activation's output,
+    and its derivative, computed in the forward pass). Dropout with :math:`p > 0` adds a mask for
     the attention weights, the hidden layer and each residual branch, and the dropped
     copies of the weights and of the hidden layer (which takes the place of the
     activation's output, except with ReLU, whose output is kept anyway).
     """
     c = _stack_config(config)
     t, d, h, d_ff = positive_int(seq_len, "seq_len"), c.d_model, c.n_heads, c.d_ff
-    k = {"relu": 1, "gelu": 3}.get(c.activation, 2)
+    k = 1 if c.activation == "relu" else 2
     terms = {
         "layer norms": 2 * (t * d + t),
         "attention (input, Q, K, V, heads)": 5 * t * d,

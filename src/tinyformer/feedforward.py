@@ -107,13 +107,9 @@ class FeedForward(Module):
         elif self.activation == "relu":
             hidden = np.maximum(pre, 0, out=pre)  # in place: pre is ours
             self._save(hidden, None)
-        elif self.activation == "gelu":  # keep Phi(pre): backward needs it and erf is dear
-            cdf = functional._normal_cdf(pre)  # (..., d_ff)
-            hidden = pre * cdf
-            self._save(pre, cdf)
-        else:
-            hidden = _FUNCTIONS[self.activation][0](pre)
-            self._save(pre, None)
+        else:  # the derivative at pre is all that backward needs: keep it, not pre
+            hidden, slope = functional._activation_and_derivative(pre, self.activation)
+            self._save(slope, None)  # (..., d_ff)
         return self.linear_out.forward(self.dropout.forward(hidden))  # (..., d_model)
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
@@ -131,8 +127,7 @@ class FeedForward(Module):
         elif self.activation == "relu":
             grad_pre = grad_hidden  # a fresh array from linear_out: safe to change
             np.multiply(grad_pre, saved > 0, out=grad_pre)  # ReLU passes gradient where x > 0
-        elif self.activation == "gelu":
-            grad_pre = grad_hidden * functional._gelu_grad_from_cdf(saved, act)  # act is Phi
         else:
-            grad_pre = grad_hidden * derivative(saved)
+            grad_pre = grad_hidden  # a fresh array, as above
+            grad_pre *= saved  # the activation's derivative at the pre-activation
         return self.linear_in.backward(grad_pre)

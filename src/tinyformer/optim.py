@@ -315,7 +315,9 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    r"""Adam :cite:p:`kingma2015adam`, as ``torch.optim.Adam``.
+    r"""Adam, as ``torch.optim.Adam``.
+
+    The update of :cite:t:`kingma2015adam`, with L2 weight decay :math:`\lambda`:
 
     .. math::
         g_t &\leftarrow g_t + \lambda\,\theta_{t-1} \\
@@ -396,9 +398,9 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    r"""Adam with decoupled weight decay :cite:p:`loshchilov2019decoupled`, as ``torch.optim.AdamW``.
+    r"""Adam with decoupled weight decay, as ``torch.optim.AdamW``.
 
-    The decay shrinks the weights directly instead of entering the gradient,
+    The decay of :cite:t:`loshchilov2019decoupled` shrinks the weights directly instead of entering the gradient,
     so Adam's per-coordinate rescaling does not weaken it where gradients are
     large:
 

@@ -47,7 +47,9 @@ def _check_step(step: object) -> int:
 
 
 class InverseSqrtSchedule:
-    r"""The schedule of :cite:t:`vaswani2017attention`: linear warm-up, then :math:`1/\sqrt{t}`.
+    r"""The original Transformer's schedule: linear warm-up, then decay as one over root t.
+
+    The rate of :cite:t:`vaswani2017attention`:
 
     .. math::
         \eta_t = s \cdot d_\text{model}^{-1/2} \cdot
@@ -91,7 +93,9 @@ class InverseSqrtSchedule:
 
 
 class WarmupCosineSchedule:
-    r"""Linear warm-up to ``peak_lr``, then a half cosine down to ``min_lr`` :cite:p:`loshchilov2017sgdr`.
+    r"""Linear warm-up to ``peak_lr``, then a half cosine down to ``min_lr``.
+
+    The cosine is the annealing of :cite:t:`loshchilov2017sgdr`, run once:
 
     .. math::
         \eta_t = \begin{cases}

@@ -343,7 +343,7 @@ def _encoder_decoder(rng):
         d_ff=D_FF,
         n_encoder_layers=1,
         n_decoder_layers=1,
-        max_len=5,
+        context_length=5,
         share_embeddings=True,
     )
     model = _jitter(EncoderDecoder(config, rng=rng), rng)
@@ -388,7 +388,13 @@ def _decoder_only(rng):
 
 def _encoder_only(rng):
     config = EncoderOnlyConfig(
-        vocab_size=VOCAB, d_model=D, n_heads=HEADS, d_ff=D_FF, n_layers=2, max_len=5, pad_id=0
+        vocab_size=VOCAB,
+        d_model=D,
+        n_heads=HEADS,
+        d_ff=D_FF,
+        n_layers=2,
+        context_length=5,
+        pad_id=0,
     )
     model = _jitter(EncoderOnlyMLM(config, rng=rng), rng)
     ids = np.array([[3, 5, 2, 6, 1], [4, 1, 5, 0, 0]])  # 0 is padding

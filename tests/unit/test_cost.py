@@ -65,7 +65,9 @@ def test_saved_bytes_equal_formula(options):
 
 
 def test_saved_bytes_of_encoder_only_model():
-    config = EncoderOnlyConfig(vocab_size=9, d_model=8, n_heads=2, d_ff=16, n_layers=3, max_len=7)
+    config = EncoderOnlyConfig(
+        vocab_size=9, d_model=8, n_heads=2, d_ff=16, n_layers=3, context_length=7
+    )
     model = EncoderOnlyMLM(config, rng=np.random.default_rng(0))
     model.forward(np.ones((2, 7), dtype=int))
     assert sum(cost.saved_bytes(model).values()) == sum(

@@ -16,7 +16,7 @@ from tinyformer.models.encoder_only import (
 )
 from tinyformer.training.mlm import mlm_loss
 
-TINY = {"d_model": 4, "n_heads": 2, "d_ff": 6, "n_layers": 2, "max_len": 6}
+TINY = {"d_model": 4, "n_heads": 2, "d_ff": 6, "n_layers": 2, "context_length": 6}
 
 
 def tiny_model(seed: int = 0, **options) -> EncoderOnlyMLM:
@@ -82,7 +82,7 @@ def test_every_position_sees_both_sides(rng):
 
 
 def test_padding_leaves_real_positions_unchanged(rng):
-    model = tiny_model(seed=3, pad_id=0, max_len=8)
+    model = tiny_model(seed=3, pad_id=0, context_length=8)
     rows = [rng.integers(1, 7, n) for n in (6, 3, 5)]
     ids = np.zeros((3, 8), dtype=np.int64)
     for i, row in enumerate(rows):
@@ -152,7 +152,7 @@ def test_bad_input_is_refused_by_name(rng):
         model.forward(np.zeros((1, 3)))
     with pytest.raises(ValueError, match=r"ids must be token ids in \[0, 7\), got 7"):
         model.forward(np.full((1, 3), 7))
-    with pytest.raises(ValueError, match="longer than the model's max_len=6"):
+    with pytest.raises(ValueError, match="longer than the model's context_length=6"):
         model.forward(np.ones((1, 7), dtype=np.int64))
     with pytest.raises(ValueError, match="hides every position"):
         model.forward(np.zeros((2, 3), dtype=np.int64))

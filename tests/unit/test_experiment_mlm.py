@@ -28,7 +28,7 @@ def test_tiny_run_returns_a_complete_result(tiny_run):
     assert isinstance(r.model, EncoderOnlyMLM)
     assert not r.model.training
     assert r.model.config.vocab_size == 7  # six symbols and [MASK]
-    assert r.config["model"]["max_len"] == 10
+    assert r.config["model"]["context_length"] == 10
     assert r.config["max_steps"] == 12
     assert [row["step"] for row in r.history.eval] == [5, 10, 12]
     m = r.metrics

@@ -191,3 +191,53 @@ def test_bad_input_is_named(call, error, words):
 
 def test_integer_input_is_promoted_to_float64():
     assert F.softmax(np.array([1, 2, 3])).dtype == np.float64
+
+
+def _exact_cdf(xs: np.ndarray) -> np.ndarray:
+    return np.array([0.5 * math.erfc(-v / math.sqrt(2.0)) for v in xs])
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [(np.float64, 4e-16), (np.float32, 2e-7)])
+def test_normal_cdf_is_accurate_in_each_dtype(dtype, tolerance):
+    # the grid lookup with its Taylor correction, against math.erfc, across and beyond the grid
+    xs = np.concatenate(
+        [np.linspace(-12, 12, 240_001), [0.0, -0.0, 1e-30, 5.74, 5.76, 8.49, 8.51]]
+    )
+    xs = xs.astype(dtype)
+    exact = _exact_cdf(xs.astype(np.float64))
+    got = F._normal_cdf(xs)
+    assert got.dtype == dtype
+    assert np.abs(got - exact).max() <= tolerance
+    assert np.all((got >= 0) & (got <= 1))
+    special = F._normal_cdf(np.array([np.inf, -np.inf, np.nan], dtype=dtype))
+    assert special[0] == 1.0
+    assert abs(special[1]) <= tolerance
+    assert np.isnan(special[2])
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_activation_and_derivative_in_one_pass_equal_the_separate_functions(rng, name, dtype):
+    # more than one block, an odd size and a non-contiguous view
+    x = (3 * rng.standard_normal((3, 40_001))).astype(dtype)[:, ::2]
+    value, slope = F._activation_and_derivative(x, name)
+    forward, derivative = {
+        "gelu": (F.gelu, F.gelu_grad),
+        "gelu_tanh": (lambda v: F.gelu(v, "tanh"), lambda v: F.gelu_grad(v, "tanh")),
+        "silu": (F.silu, F.silu_grad),
+    }[name]
+    assert value.dtype == slope.dtype == dtype
+    assert value.shape == slope.shape == x.shape
+    tolerance = 2e-6 if dtype == np.float32 else 1e-14
+    reference = x.astype(np.float64)
+    np.testing.assert_allclose(value, forward(reference), rtol=0, atol=tolerance * 10)
+    np.testing.assert_allclose(slope, derivative(reference), rtol=0, atol=tolerance)
+    empty_value, empty_slope = F._activation_and_derivative(np.zeros((2, 0), dtype), name)
+    assert empty_value.shape == empty_slope.shape == (2, 0)
+
+
+def test_exact_gelu_derivative_is_accurate_in_float32():
+    xs = np.linspace(-9, 9, 36_001)
+    exact = _exact_cdf(xs) + xs * np.exp(-0.5 * xs * xs) / math.sqrt(2 * math.pi)
+    _, slope = F._activation_and_derivative(xs.astype(np.float32), "gelu")
+    assert np.abs(slope - exact).max() <= 3e-7

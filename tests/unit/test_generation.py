@@ -54,7 +54,7 @@ def small_ed(seed: int, vocab: int = 11, context: int = 24, **options) -> Encode
         d_ff=32,
         n_encoder_layers=1,
         n_decoder_layers=2,
-        max_len=context,
+        context_length=context,
         **options,
     )
     return EncoderDecoder(config, rng=np.random.default_rng(seed))
@@ -495,8 +495,14 @@ BAD = [
     ("decoder-only", np.ones(2, dtype=int), {"eos_id": 6}, ValueError, "eos_id"),
     ("decoder-only", np.ones(2, dtype=int), {"eos_id": "2"}, TypeError, "eos_id"),
     ("decoder-only", np.ones(2, dtype=int), {"use_cache": 1}, TypeError, "use_cache"),
-    ("encoder-decoder", np.ones(9, dtype=int), {}, ValueError, "max_len 8"),
-    ("encoder-decoder", np.ones(3, dtype=int), {"max_new_tokens": 9}, ValueError, "max_len 8"),
+    ("encoder-decoder", np.ones(9, dtype=int), {}, ValueError, "context_length 8"),
+    (
+        "encoder-decoder",
+        np.ones(3, dtype=int),
+        {"max_new_tokens": 9},
+        ValueError,
+        "context_length 8",
+    ),
     ("encoder-decoder", np.ones(3, dtype=int), {"bos_id": 6}, ValueError, "bos_id"),
     ("encoder-decoder", np.ones(3, dtype=int), {"bos_id": None}, TypeError, "bos_id"),
     ("encoder-decoder", np.zeros(0, dtype=int), {}, ValueError, "source"),

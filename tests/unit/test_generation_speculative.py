@@ -43,7 +43,7 @@ def ed(seed: int, d_model: int = 16, n_layers: int = 2, vocab: int = 9) -> Encod
         d_ff=2 * d_model,
         n_encoder_layers=1,
         n_decoder_layers=n_layers,
-        max_len=32,
+        context_length=32,
     )
     return EncoderDecoder(config, rng=np.random.default_rng(seed))
 

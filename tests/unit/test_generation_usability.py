@@ -32,7 +32,7 @@ def dropout_ed(seed: int = 0) -> EncoderDecoder:
         d_ff=32,
         n_encoder_layers=1,
         n_decoder_layers=1,
-        max_len=16,
+        context_length=16,
         dropout=0.5,
     )
     return EncoderDecoder(config, rng=np.random.default_rng(seed))

@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinyformer.gradcheck import check_module_gradients, max_relative_error, numerical_gradient
-from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection, sum_rows
+from tinyformer.layers import (
+    Dropout,
+    Embedding,
+    Linear,
+    TiedOutputProjection,
+    _add_rows,
+    sum_rows,
+)
 
 
 def _randomize(module, rng):
@@ -208,3 +215,21 @@ def test_parameters_are_listed_and_state_round_trips(rng):
     other = TiedOutputProjection(Embedding(5, 3, rng=rng), bias=True)
     other.load_state_dict(head.state_dict())
     np.testing.assert_array_equal(other.weight.value, emb.weight.value)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_rows_equals_numpy_add_at(rng, dtype):
+    # repeated ids add up, ids absent from the batch stay untouched, order of first sight kept
+    for vocab, n in [(1, 5), (7, 300), (500, 64)]:
+        ids = rng.integers(0, vocab, n)
+        rows = rng.standard_normal((n, 3)).astype(dtype)
+        start = rng.standard_normal((vocab, 3)).astype(dtype)
+        expected, got = start.copy(), start.copy()
+        np.add.at(expected, ids, rows)
+        _add_rows(got, ids, rows)
+        tolerance = 1e-5 if dtype == np.float32 else 1e-12  # sums of up to ~50 rows, rounded
+        np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+        assert got.dtype == dtype
+    table = np.ones((3, 2))
+    _add_rows(table, np.zeros(0, dtype=int), np.zeros((0, 2)))
+    np.testing.assert_array_equal(table, np.ones((3, 2)))

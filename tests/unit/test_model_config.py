@@ -23,7 +23,7 @@ def test_defaults_match_the_interface():
         2,
         2,
     )
-    assert (ed.max_len, ed.dropout, ed.norm_first, ed.activation, ed.positional) == (
+    assert (ed.context_length, ed.dropout, ed.norm_first, ed.activation, ed.positional) == (
         64,
         0.0,
         False,
@@ -139,7 +139,7 @@ ENCODER_DECODER_BAD = [
     ("tgt_vocab_size", 1.5, TypeError, "tgt_vocab_size must be a positive integer"),
     ("n_encoder_layers", 0, ValueError, "n_encoder_layers must be a positive integer"),
     ("n_decoder_layers", -2, ValueError, "n_decoder_layers must be a positive integer"),
-    ("max_len", 0, ValueError, "max_len must be a positive integer"),
+    ("context_length", 0, ValueError, "context_length must be a positive integer"),
     ("positional", "rotary", ValueError, "positional must be one of 'sinusoidal', 'learned'"),
     ("pad_id", -1, ValueError, "pad_id must be a non-negative integer"),
     ("pad_id", 10, ValueError, "pad_id=10 must be below both src_vocab_size=10"),

@@ -35,7 +35,7 @@ DECODER_ONLY = {
 
 def _encoder_decoder(options: dict) -> EncoderDecoder:
     config = EncoderDecoderConfig(
-        src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, max_len=LIMIT, **SIZES, **options
+        src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, context_length=LIMIT, **SIZES, **options
     )
     return EncoderDecoder(config, rng=np.random.default_rng(11)).eval()
 

@@ -20,7 +20,7 @@ TINY = {"d_model": 4, "n_heads": 2, "d_ff": 6}
 
 def tiny_encoder_decoder(seed: int = 0, **options) -> EncoderDecoder:
     """A model small enough to difference every parameter; vocabulary 7, pad id 0."""
-    sizes = {"n_encoder_layers": 2, "n_decoder_layers": 2, "max_len": 6, **TINY}
+    sizes = {"n_encoder_layers": 2, "n_decoder_layers": 2, "context_length": 6, **TINY}
     config = EncoderDecoderConfig(src_vocab_size=7, tgt_vocab_size=7, **{**sizes, **options})
     return EncoderDecoder(config, rng=np.random.default_rng(seed))
 
@@ -174,7 +174,7 @@ def test_backward_accumulates(rng):
 # ------------------------------------------------------------------ masking
 def test_padded_rows_equal_rows_decoded_alone(rng):
     """Padding a row to the batch's length changes neither it nor the other rows."""
-    model = tiny_encoder_decoder(seed=2, n_decoder_layers=1, max_len=8)
+    model = tiny_encoder_decoder(seed=2, n_decoder_layers=1, context_length=8)
     sources = [rng.integers(1, 7, n) for n in (6, 3, 5)]
     targets = [rng.integers(1, 7, n) for n in (2, 5, 4)]
     source = np.zeros((3, 6), dtype=np.int64)
@@ -296,7 +296,7 @@ def test_bad_ids_are_refused_by_name(rng):
     with pytest.raises(ValueError, match=r"decoder_input_ids must be token ids .* got -1"):
         model.forward(source, -np.ones((2, 3), dtype=np.int64))
     with pytest.raises(
-        ValueError, match="source_ids has length 7, longer than the model's max_len=6"
+        ValueError, match="source_ids has length 7, longer than the model's context_length=6"
     ):
         model.forward(np.ones((2, 7), dtype=np.int64), target)
     with pytest.raises(ValueError, match="decoder_input_ids has length 7"):

@@ -43,7 +43,7 @@ def widths(draw) -> dict:
     src=st.integers(1, 9),
     tgt=st.integers(1, 9),
     layers=st.tuples(st.integers(1, 3), st.integers(1, 3)),
-    max_len=st.integers(1, 8),
+    context_length=st.integers(1, 8),
     norm_first=st.booleans(),
     positional=st.sampled_from(["sinusoidal", "learned"]),
     share=st.booleans(),
@@ -51,14 +51,14 @@ def widths(draw) -> dict:
     scale=st.booleans(),
 )
 def test_formula_equals_encoder_decoder_model(
-    sizes, src, tgt, layers, max_len, norm_first, positional, share, tie, scale
+    sizes, src, tgt, layers, context_length, norm_first, positional, share, tie, scale
 ):
     config = EncoderDecoderConfig(
         src_vocab_size=src,
         tgt_vocab_size=src if share else tgt,
         n_encoder_layers=layers[0],
         n_decoder_layers=layers[1],
-        max_len=max_len,
+        context_length=context_length,
         norm_first=norm_first,
         positional=positional,
         share_embeddings=share,
@@ -238,18 +238,18 @@ def test_bad_feed_forward_count_inputs_are_named(call, error, words):
     sizes=widths(),
     vocab=st.integers(1, 9),
     n_layers=st.integers(1, 3),
-    max_len=st.integers(1, 8),
+    context_length=st.integers(1, 8),
     norm_first=st.booleans(),
     positional=st.sampled_from(["sinusoidal", "learned"]),
     tie=st.booleans(),
 )
 def test_formula_equals_encoder_only_model(
-    sizes, vocab, n_layers, max_len, norm_first, positional, tie
+    sizes, vocab, n_layers, context_length, norm_first, positional, tie
 ):
     config = EncoderOnlyConfig(
         vocab_size=vocab,
         n_layers=n_layers,
-        max_len=max_len,
+        context_length=context_length,
         norm_first=norm_first,
         positional=positional,
         tie_output=tie,

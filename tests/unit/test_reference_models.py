@@ -218,7 +218,7 @@ def _compare(ours_logits, model, theirs_logits, pairs, rng) -> None:
 )
 def test_encoder_decoder_matches_torch(options, rng):
     config = EncoderDecoderConfig(
-        src_vocab_size=11, tgt_vocab_size=11, max_len=8, **SIZES, **options
+        src_vocab_size=11, tgt_vocab_size=11, context_length=8, **SIZES, **options
     )
     model = EncoderDecoder(config, rng=rng)
     _perturb(model, rng)

@@ -44,7 +44,7 @@ def test_a_model_comes_back_in_one_call(tmp_path):
     np.testing.assert_array_equal(loaded.forward(ids), model.eval().forward(ids))
     ed = EncoderDecoder(
         EncoderDecoderConfig(
-            src_vocab_size=12, tgt_vocab_size=12, d_model=8, n_heads=2, d_ff=16, max_len=8
+            src_vocab_size=12, tgt_vocab_size=12, d_model=8, n_heads=2, d_ff=16, context_length=8
         ),
         rng=np.random.default_rng(0),
     )

@@ -113,7 +113,7 @@ class ScriptedEvaluation:
 def test_seq2seq_loss_counts_only_real_tokens_and_matches_cross_entropy(rng):
     config = EncoderDecoderConfig(
         src_vocab_size=9, tgt_vocab_size=9, d_model=16, n_heads=2, d_ff=32,
-        n_encoder_layers=1, n_decoder_layers=1, max_len=10,
+        n_encoder_layers=1, n_decoder_layers=1, context_length=10,
     )  # fmt: skip
     model = EncoderDecoder(config, rng=rng)
     sources = [np.array([4, 5, 6]), np.array([7]), np.array([8, 4])]
@@ -305,13 +305,13 @@ def test_trainer_refuses_data_longer_than_the_models_context():
             batch_size=2, rng=rng)  # fmt: skip
 
     config = EncoderDecoderConfig(src_vocab_size=8, tgt_vocab_size=8, d_model=8, n_heads=2,
-                                  d_ff=8, n_encoder_layers=1, n_decoder_layers=1, max_len=4)  # fmt: skip
+                                  d_ff=8, n_encoder_layers=1, n_decoder_layers=1, context_length=4)  # fmt: skip
     model = EncoderDecoder(config, rng=rng)
     fits = PairDataset([np.array([4, 5, 6, 7])], [np.array([4, 5, 6])])  # <bos> + 3 = 4
     Trainer(model, SGD(model.parameters(), 0.1), seq2seq_loss, fits, batch_size=1, rng=rng)
     for source, target in [([4, 5, 6, 7, 4], [4]), ([4], [4, 5, 6, 7])]:
         data = PairDataset([np.array(source)], [np.array(target)])
-        with pytest.raises(ValueError, match=r"EncoderDecoderConfig\.max_len=4.*>= 5"):
+        with pytest.raises(ValueError, match=r"EncoderDecoderConfig\.context_length=4.*>= 5"):
             Trainer(model, SGD(model.parameters(), 0.1), seq2seq_loss, data, batch_size=1,
                     rng=rng)  # fmt: skip
 
@@ -584,7 +584,7 @@ def test_resume_of_an_encoder_decoder_with_dropout_is_exact(tmp_path):
         rng = np.random.default_rng(seed)
         config = EncoderDecoderConfig(
             src_vocab_size=task.vocab_size, tgt_vocab_size=task.vocab_size, d_model=16,
-            n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=8, dropout=0.2,
+            n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, context_length=8, dropout=0.2,
         )  # fmt: skip
         model = EncoderDecoder(config, rng=rng)
         return Trainer(
@@ -638,7 +638,7 @@ def test_float32_model_trains_in_float32():
     task = SequenceTask("copy", n_symbols=4, min_len=1, max_len=3)
     config = EncoderDecoderConfig(
         src_vocab_size=task.vocab_size, tgt_vocab_size=task.vocab_size, d_model=8, n_heads=2,
-        d_ff=16, n_encoder_layers=1, n_decoder_layers=1, max_len=4, dtype="float32",
+        d_ff=16, n_encoder_layers=1, n_decoder_layers=1, context_length=4, dtype="float32",
     )  # fmt: skip
     model = EncoderDecoder(config, rng=np.random.default_rng(0))
     trainer = Trainer(

@@ -452,9 +452,9 @@ class _PairCounts:
 
 
 class BPETokenizer(Tokenizer):
-    r"""Byte-pair encoding :cite:p:`sennrich2016neural` over a character alphabet.
+    r"""Byte-pair encoding over a character alphabet.
 
-    Training starts from single characters and repeatedly merges the most
+    As in :cite:t:`sennrich2016neural`, training starts from single characters and repeatedly merges the most
     frequent adjacent pair of tokens into a new token, until the vocabulary
     holds ``vocab_size`` ids. Encoding replays the merges: in each word, the
     adjacent pair that was learned earliest is merged, until no learned pair
@@ -730,7 +730,10 @@ def tokenizer_from_dict(d: Mapping[str, Any]) -> Tokenizer:
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    """Read a tokenizer written by :meth:`Tokenizer.save`."""
+    """Read a tokenizer from the JSON file its ``save`` method wrote.
+
+    Any tokenizer kind comes back as the class that saved it (:meth:`Tokenizer.save`).
+    """
     text = Path(path).read_text(encoding="utf-8")
     try:
         d = json.loads(text)

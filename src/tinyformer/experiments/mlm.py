@@ -154,7 +154,7 @@ def masked_lm(
     vocab_size, order, branching : int
         The Markov source.
     seq_len : int
-        Window length (the model's ``max_len``).
+        Window length (the model's ``context_length``).
     d_model, n_heads, d_ff, n_layers : int
         Model size (pre-norm blocks with a final LayerNorm, learned positions, tied output).
     activation : str
@@ -192,7 +192,7 @@ def masked_lm(
         n_heads=n_heads,
         d_ff=d_ff,
         n_layers=n_layers,
-        max_len=seq_len,
+        context_length=seq_len,
         activation=activation,
         dtype=dtype,
     )

@@ -186,7 +186,7 @@ def reversal(
         d_ff=d_ff,
         n_encoder_layers=n_layers,
         n_decoder_layers=n_layers,
-        max_len=task.max_len + 1,
+        context_length=task.max_len + 1,
         dropout=dropout,
         positional=positional,
         attention_scale=attention_scale,

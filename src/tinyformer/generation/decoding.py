@@ -166,7 +166,8 @@ class IncrementalDecoder:
                 raise ValueError("source_ids must be None for a decoder-only model")
             self.source_ids = None
             rows = positive_int(1 if batch_size is None else batch_size, "batch_size")
-        self.prefix = np.zeros((rows, 0), dtype=np.int64)  # (B, length): every token fed so far
+        self._tokens = np.zeros((rows, 64), dtype=np.int64)  # (B, capacity): grows by doubling
+        self._length = 0  # every token fed so far is self._tokens[:, : self._length]
         self.state = self._start() if use_cache else None
 
     def _start(self) -> Any:
@@ -175,14 +176,24 @@ class IncrementalDecoder:
         return self.model.start(self.prefix.shape[0])
 
     @property
+    def prefix(self) -> np.ndarray:
+        """``(B, length)`` int64: every token fed so far (a view; do not write to it)."""
+        return self._tokens[:, : self._length]
+
+    @prefix.setter
+    def prefix(self, value: np.ndarray) -> None:
+        self._tokens = np.array(value, dtype=np.int64)  # a copy the decoder owns
+        self._length = self._tokens.shape[1]
+
+    @property
     def batch_size(self) -> int:
         """Number of rows."""
-        return self.prefix.shape[0]
+        return self._tokens.shape[0]
 
     @property
     def length(self) -> int:
         """Number of decoder positions fed so far."""
-        return self.prefix.shape[1]
+        return self._length
 
     def feed(self, tokens: np.ndarray) -> np.ndarray:
         """Feed ``tokens`` ``(B, n)``, the next ``n`` decoder inputs; return their logits ``(B, n, V)``."""
@@ -191,8 +202,13 @@ class IncrementalDecoder:
             raise ValueError(
                 f"tokens must have shape ({self.batch_size}, n) with n >= 1, got {tokens.shape}"
             )
-        prefix = np.concatenate([self.prefix, tokens.astype(np.int64)], axis=1)  # (B, length + n)
-        n, window = tokens.shape[1], self.model.max_positions
+        n, window, stop = tokens.shape[1], self.model.max_positions, self._length + tokens.shape[1]
+        if stop > self._tokens.shape[1]:  # double the buffer (amortized O(1) per token)
+            grown = np.zeros((self.batch_size, max(stop, 2 * self._tokens.shape[1])), np.int64)
+            grown[:, : self._length] = self.prefix
+            self._tokens = grown
+        self._tokens[:, self._length : stop] = tokens  # beyond length until the model accepts
+        prefix = self._tokens[:, :stop]  # (B, length + n)
         if self.slide and n > window:
             raise ValueError(f"with slide, at most max_positions={window} tokens fit one feed")
         if self.use_cache and not (self.slide and self.cached + n > window):
@@ -204,7 +220,7 @@ class IncrementalDecoder:
             logits = self.model.step(visible, state)[:, -n:]
             if self.use_cache:
                 self.state, self.cached = state, visible.shape[1]
-        self.prefix = prefix  # only once the model has accepted the tokens
+        self._length = stop  # only once the model has accepted the tokens
         return logits
 
     def reorder(self, indices: np.ndarray) -> None:
@@ -225,7 +241,7 @@ class IncrementalDecoder:
             )
         if self.slide and self.length > self.model.max_positions:
             raise ValueError("truncate is not available once a sliding window has moved")
-        self.prefix = self.prefix[:, :length]
+        self._length = length  # the forgotten tokens stay in the buffer, to be overwritten
         if self.use_cache:
             self.state.truncate(length)
             self.cached = length
@@ -352,12 +368,12 @@ def prepare(
             )
         if source.shape[1] > max_positions:
             raise ValueError(
-                f"source has {source.shape[1]} tokens, more than the model's max_len"
+                f"source has {source.shape[1]} tokens, more than the model's context_length"
                 f" {max_positions}"
             )
         if max_new_tokens > max_positions:
             raise ValueError(
-                f"max_new_tokens must be at most the model's max_len {max_positions} (BOS and"
+                f"max_new_tokens must be at most the model's context_length {max_positions} (BOS and"
                 f" the new tokens but the last are decoder inputs), got {max_new_tokens}"
             )
         first = np.full((source.shape[0], 1), bos_id, dtype=np.int64)
@@ -394,6 +410,36 @@ def _flag(use_cache: object) -> bool:
     return use_cache
 
 
+def chosen_log_probs(logits: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    r"""``log_softmax(logits)[i, chosen[i]]`` for every row ``i``, without the whole table.
+
+    .. math:: \log p_i = (z_{i c_i} - m_i) - \log \sum_v e^{z_{iv} - m_i}, \qquad m_i = \max_v z_{iv}
+
+    The same operations as :func:`~tinyformer.functional.log_softmax` in the
+    same order, so the same numbers to the last bit; only the chosen entry of
+    each row is formed. Rows whose maximum is not finite go through
+    ``log_softmax`` itself, for its checks and messages.
+
+    Parameters
+    ----------
+    logits : numpy.ndarray
+        ``(B, V)`` scores.
+    chosen : numpy.ndarray
+        ``(B,)`` integer token ids in ``[0, V)``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(B,)`` log-probabilities, in the dtype of ``logits``.
+    """
+    row_max = np.max(logits, axis=1, keepdims=True)  # (B, 1)
+    if not np.isfinite(row_max).all():
+        return np.take_along_axis(log_softmax(logits), chosen[:, None], axis=1)[:, 0]
+    shifted = logits - row_max  # (B, V)
+    log_total = np.log(np.exp(shifted).sum(axis=1))  # (B,)
+    return shifted[np.arange(shifted.shape[0]), chosen] - log_total
+
+
 def generate(run: _Prepared, choose: Callable[[np.ndarray], np.ndarray]) -> GenerationResult:
     """Decode every row of one batch: ``choose(logits (B, V)) -> tokens (B,)`` picks each token.
 
@@ -409,7 +455,7 @@ def generate(run: _Prepared, choose: Callable[[np.ndarray], np.ndarray]) -> Gene
     for t in range(run.max_new_tokens):
         logits = decoder.feed(pending)[:, -1]  # (B, V)
         chosen = np.asarray(choose(logits), dtype=np.int64)  # (B,)
-        log_p = np.take_along_axis(log_softmax(logits), chosen[:, None], axis=1)[:, 0]  # (B,)
+        log_p = chosen_log_probs(logits, chosen)  # (B,)
         token_columns.append(chosen)
         log_prob_columns.append(log_p)
         if run.eos_id is not None:
@@ -417,7 +463,7 @@ def generate(run: _Prepared, choose: Callable[[np.ndarray], np.ndarray]) -> Gene
             lengths[ended] = t + 1
             finished |= ended
             chosen = np.where(finished, run.eos_id, chosen)
-        if finished.all():
+        if run.eos_id is not None and finished.all():
             break
         pending = chosen[:, None]  # (B, 1)
     tokens = np.stack(token_columns, axis=1)  # (B, steps)

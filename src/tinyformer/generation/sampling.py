@@ -34,9 +34,10 @@ def sample(
     use_cache: bool = True,
     overflow: str = "slide",
 ) -> GenerationResult:
-    r"""Generate by drawing :math:`y_t \sim \tilde p(\cdot \mid y_{<t})` at every step.
+    r"""Generate by drawing every next token from the model's processed distribution.
 
-    :math:`\tilde p` is the model's distribution after temperature, top-k and
+    At each step, :math:`y_t \sim \tilde p(\cdot \mid y_{<t})`, where :math:`\tilde p`
+    is the model's distribution after temperature, top-k and
     top-p (:func:`~tinyformer.generation.processing.log_probabilities`). Each
     step draws one uniform number per row from ``rng``, so the same generator
     state gives the same output, with or without the cache.

@@ -39,7 +39,9 @@ def greedy(
     use_cache: bool = True,
     overflow: str = "slide",
 ) -> GenerationResult:
-    r"""Pick the most likely next token at every step, :math:`y_t = \arg\max_v p(v \mid y_{<t})`.
+    r"""Pick the most likely next token at every step.
+
+    That is, :math:`y_t = \arg\max_v p(v \mid y_{<t})`.
 
     Parameters
     ----------

@@ -5,15 +5,24 @@ a bad one: each problem raises a :class:`ValueError` or :class:`TypeError` that
 names the field. ``to_dict`` gives plain JSON-able values and ``from_dict``
 reads them back, refusing unknown and missing fields by name (checkpoints store
 a model's configuration this way).
+
+One vocabulary for every family: ``context_length`` is the longest sequence a
+model takes, ``n_layers`` counts the blocks of a one-stack model and
+``n_encoder_layers``/``n_decoder_layers`` those of the two stacks of an
+encoder-decoder. The older name ``max_len`` of the encoder-decoder and
+encoder-only configurations still works until :data:`REMOVED_IN`, with a
+:class:`DeprecationWarning`; checkpoints that store it keep loading.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping
+import functools
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 import numpy as np
 
@@ -26,12 +35,22 @@ from tinyformer._validation import (
 )
 from tinyformer.feedforward import ACTIVATIONS
 
-__all__ = ["ATTENTION_SCALES", "DTYPES", "DecoderOnlyConfig", "EncoderDecoderConfig"]
+__all__ = [
+    "ATTENTION_SCALES",
+    "DTYPES",
+    "REMOVED_IN",
+    "DecoderOnlyConfig",
+    "EncoderDecoderConfig",
+]
 
 DTYPES = ("float32", "float64")
 ENCODER_DECODER_POSITIONS = ("sinusoidal", "learned", "none")
 DECODER_ONLY_POSITIONS = ("learned", "sinusoidal", "rotary", "none")
 ATTENTION_SCALES = ("sqrt", "none")
+REMOVED_IN = "0.2.0"
+"""The release in which the deprecated configuration names stop working."""
+
+_C = TypeVar("_C", bound=type)
 
 
 def _set(config: object, name: str, value: object) -> None:
@@ -72,8 +91,53 @@ def _check_common(config: Any, positions: tuple[str, ...]) -> None:
         )
 
 
+def _renamed(old: str, new: str) -> Callable[[_C], _C]:
+    """Class decorator: keep ``old`` working as a deprecated alias of the field ``new``.
+
+    ``Config(old=v)`` warns and builds ``Config(new=v)``; passing both names
+    raises a :class:`ValueError`; reading ``config.old`` warns and returns
+    ``config.new``. Fields, ``repr``, equality, hashing, ``to_dict`` and
+    :func:`dataclasses.replace` (by the new name) know only ``new``;
+    ``from_dict`` also reads ``old``, silently (see :meth:`_Serializable.from_dict`).
+    """
+
+    def decorate(cls: _C) -> _C:
+        message = (
+            f"{cls.__name__}: {old} is deprecated and will be removed in tinyformer"
+            f" {REMOVED_IN}; use {new} instead"
+        )
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def init_with_old_name(self: object, *args: Any, **kwargs: Any) -> None:
+            if old in kwargs:
+                if new in kwargs:
+                    raise ValueError(
+                        f"{cls.__name__} got both {old}={kwargs[old]!r} (deprecated) and"
+                        f" {new}={kwargs[new]!r}: pass {new} only"
+                    )
+                warnings.warn(message, DeprecationWarning, stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+            init(self, *args, **kwargs)
+
+        def read_old_name(self: object) -> Any:
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            return getattr(self, new)
+
+        alias = property(read_old_name, doc=f"Deprecated alias of ``{new}`` ({message}).")
+        cls.__init__ = init_with_old_name  # type: ignore[misc]
+        setattr(cls, old, alias)
+        cls._renamed_fields = {**getattr(cls, "_renamed_fields", {}), old: new}
+        return cls
+
+    return decorate
+
+
 class _Serializable:
     """``to_dict`` and ``from_dict`` for the frozen configuration dataclasses."""
+
+    _renamed_fields: ClassVar[dict[str, str]] = {}
+    """Deprecated field names and the names they became (filled in by :func:`_renamed`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict of ints, floats, bools and strings (JSON-able)."""
@@ -82,6 +146,11 @@ class _Serializable:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Self:
         """Rebuild a configuration from :meth:`to_dict`'s output.
+
+        A dict written under a field's older name (``max_len`` for
+        ``context_length``, by checkpoints saved before the rename) is read
+        without a warning, and will still be after :data:`REMOVED_IN`: the
+        file is data the caller cannot edit, not code that uses the old name.
 
         Raises
         ------
@@ -93,6 +162,15 @@ class _Serializable:
         """
         if not isinstance(d, Mapping):
             raise TypeError(f"d must be a mapping of field names to values, got {describe(d)}")
+        d = dict(d)
+        for old, new in cls._renamed_fields.items():
+            if old in d:
+                if new in d:
+                    raise ValueError(
+                        f"d holds both {old!r} (the old name) and {new!r} for {cls.__name__}:"
+                        f" keep {new!r} only"
+                    )
+                d[new] = d.pop(old)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(str(k) for k in d.keys() - fields.keys())
         if unknown:
@@ -111,10 +189,12 @@ class _Serializable:
         return cls(**d)
 
 
+@_renamed("max_len", "context_length")
 @dataclass(frozen=True)
 class EncoderDecoderConfig(_Serializable):
-    r"""Sizes and options of an :class:`~tinyformer.models.encoder_decoder.EncoderDecoder`.
+    r"""Sizes and options of an encoder-decoder transformer, checked when made.
 
+    The configuration of an :class:`~tinyformer.models.encoder_decoder.EncoderDecoder`.
     The defaults are the book's small model; :cite:t:`vaswani2017attention`'s
     base model is ``d_model=512, n_heads=8, d_ff=2048`` with six layers on each
     side, ``share_embeddings=True``.
@@ -126,9 +206,12 @@ class EncoderDecoderConfig(_Serializable):
     d_model, n_heads, d_ff : int
         Width, number of attention heads (dividing ``d_model``) and feed-forward width.
     n_encoder_layers, n_decoder_layers : int
-        Number of blocks on each side.
-    max_len : int
-        Longest source and longest decoder input the model accepts.
+        Number of blocks in the encoder stack and in the decoder stack (two
+        stacks need two names; a one-stack model's configuration says ``n_layers``).
+    context_length : int
+        Longest source and longest decoder input the model accepts (the name
+        :class:`DecoderOnlyConfig` uses). The keyword and attribute ``max_len``
+        are a deprecated alias, removed in :data:`REMOVED_IN`.
     dropout : float
         Dropout probability in ``[0, 1)`` after embedding + position and inside every block.
     norm_first : bool
@@ -138,7 +221,7 @@ class EncoderDecoderConfig(_Serializable):
         Feed-forward nonlinearity: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
     positional : str
         ``"sinusoidal"`` (fixed, needs an even ``d_model``), ``"learned"``
-        (one table for the encoder and one for the decoder, ``max_len`` rows each)
+        (one table for the encoder and one for the decoder, ``context_length`` rows each)
         or ``"none"`` (no position information at all: an ablation).
     attention_scale : str
         ``"sqrt"``: every attention layer multiplies its scores by :math:`1/\sqrt{d_k}`;
@@ -164,7 +247,7 @@ class EncoderDecoderConfig(_Serializable):
     d_ff: int = 256
     n_encoder_layers: int = 2
     n_decoder_layers: int = 2
-    max_len: int = 64
+    context_length: int = 64
     dropout: float = 0.0
     norm_first: bool = False
     activation: str = "relu"
@@ -180,7 +263,7 @@ class EncoderDecoderConfig(_Serializable):
         """Check every field; raise naming the first bad one."""
         for name in ("src_vocab_size", "tgt_vocab_size", "n_encoder_layers", "n_decoder_layers"):
             _set(self, name, positive_int(getattr(self, name), name))
-        _set(self, "max_len", positive_int(self.max_len, "max_len"))
+        _set(self, "context_length", positive_int(self.context_length, "context_length"))
         for name in ("norm_first", "share_embeddings", "tie_output", "scale_embeddings"):
             _check_flag(self, name)
         _check_common(self, ENCODER_DECODER_POSITIONS)
@@ -201,8 +284,9 @@ class EncoderDecoderConfig(_Serializable):
 
 @dataclass(frozen=True)
 class DecoderOnlyConfig(_Serializable):
-    r"""Sizes and options of a :class:`~tinyformer.models.decoder_only.DecoderOnlyLM`.
+    r"""Sizes and options of a decoder-only language model, checked when made.
 
+    The configuration of a :class:`~tinyformer.models.decoder_only.DecoderOnlyLM`.
     The defaults follow GPT-2's layout :cite:p:`radford2019language` at the book's
     small size: pre-norm blocks with a final LayerNorm, GELU, learned positions
     and a tied output projection.
@@ -212,7 +296,8 @@ class DecoderOnlyConfig(_Serializable):
     vocab_size : int
         Number of tokens.
     d_model, n_heads, d_ff, n_layers : int
-        Width, heads (dividing ``d_model``), feed-forward width and number of blocks.
+        Width, heads (dividing ``d_model``), feed-forward width and number of
+        blocks in the one stack.
     context_length : int
         Longest sequence the model reads (the size of the learned position table).
     dropout : float

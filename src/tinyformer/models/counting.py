@@ -144,8 +144,8 @@ def _encoder_decoder_terms(c: EncoderDecoderConfig) -> dict[str, int]:
     return {
         "source embedding": c.src_vocab_size * d,
         "target embedding": 0 if c.share_embeddings else c.tgt_vocab_size * d,
-        "source positions": c.max_len * d if learned else 0,
-        "target positions": c.max_len * d if learned else 0,
+        "source positions": c.context_length * d if learned else 0,
+        "target positions": c.context_length * d if learned else 0,
         "encoder blocks": c.n_encoder_layers * (attention + ffn + 2 * norm),
         "decoder blocks": c.n_decoder_layers * (2 * attention + ffn + 3 * norm),
         "final norms": 2 * norm if c.norm_first else 0,
@@ -156,7 +156,7 @@ def _encoder_decoder_terms(c: EncoderDecoderConfig) -> dict[str, int]:
 def _decoder_only_terms(c: DecoderOnlyConfig | EncoderOnlyConfig) -> dict[str, int]:
     """One stack of blocks with one attention each: decoder-only and encoder-only alike."""
     d = c.d_model
-    context = c.max_len if isinstance(c, EncoderOnlyConfig) else c.context_length
+    context = c.context_length
     block = (
         attention_parameters(d) + feed_forward_parameters(d, c.d_ff) + 2 * layer_norm_parameters(d)
     )
@@ -216,7 +216,7 @@ def transformer_config(d_model: int, n_heads: int, d_ff: int) -> EncoderDecoderC
         d_ff=d_ff,
         n_encoder_layers=6,
         n_decoder_layers=6,
-        max_len=512,
+        context_length=512,
         norm_first=False,
         activation="relu",
         positional="sinusoidal",
@@ -293,7 +293,7 @@ def bert_config(d_model: int, n_layers: int, n_heads: int) -> EncoderOnlyConfig:
         n_heads=n_heads,
         d_ff=4 * d_model,
         n_layers=n_layers,
-        max_len=512,
+        context_length=512,
         norm_first=False,
         activation="gelu",
         positional="learned",

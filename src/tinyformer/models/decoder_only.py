@@ -18,7 +18,7 @@ from tinyformer._validation import describe, generator, positive_int
 from tinyformer.blocks import DecoderBlock, DecoderCache
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
 from tinyformer.models._inputs import CausalMasks, check_ids, check_state
-from tinyformer.models._stack import make_positions, stack_backward
+from tinyformer.models._stack import can_fuse, decode_stack, make_positions, stack_backward
 from tinyformer.models.config import DecoderOnlyConfig
 from tinyformer.models.state import DecodeState
 from tinyformer.module import Module
@@ -55,6 +55,11 @@ class DecoderOnlyLM(Module):
 
     family = "decoder-only"
     """The model family, which tells the generation functions what ``start`` takes."""
+
+    fused_decoding = True
+    """Let :meth:`step` run the blocks through the fused decode path when it applies
+    (``tinyformer.models._stack.decode_stack``): the same numbers to the last bit, less
+    overhead per token. ``False`` runs every block's own ``forward``."""
 
     def __init__(self, config: DecoderOnlyConfig, *, rng: np.random.Generator) -> None:
         super().__init__()
@@ -162,7 +167,10 @@ class DecoderOnlyLM(Module):
         total = state.length + n
         mask = None if n == 1 else self._causal(n, total)  # (n, total)
         x = self._embed(tokens, state.length)
-        for block, cache in zip(self.layers, state.caches, strict=True):
-            x = block.forward(x, self_mask=mask, cache=cache)
+        if self.fused_decoding and can_fuse(self):
+            x = decode_stack(self, x, state.caches, mask)  # (B, n, d)
+        else:
+            for block, cache in zip(self.layers, state.caches, strict=True):
+                x = block.forward(x, self_mask=mask, cache=cache)
         state.length = total
         return self._project(x)

@@ -65,7 +65,7 @@ class EncoderDecoder(Module):
     vocab_size : int
         The target vocabulary size (the width of the logits).
     max_positions : int
-        ``config.max_len``: the longest source and the most decoder positions.
+        ``config.context_length``: the longest source and the most decoder positions.
     dtype : numpy.dtype
         Dtype of parameters and logits.
     """
@@ -80,7 +80,7 @@ class EncoderDecoder(Module):
         rng = generator(rng)
         c = self.config = config
         self.vocab_size = c.tgt_vocab_size
-        self.max_positions = c.max_len
+        self.max_positions = c.context_length
         self.dtype = np.dtype(c.dtype)
         d, dtype = c.d_model, self.dtype
         embed = {"rng": rng, "scale_by_sqrt_d": c.scale_embeddings, "dtype": dtype}
@@ -89,8 +89,12 @@ class EncoderDecoder(Module):
             self.target_embedding = copy.copy(self.source_embedding)
         else:
             self.target_embedding = Embedding(c.tgt_vocab_size, d, **embed)
-        self.source_positions = make_positions(c.positional, c.max_len, d, rng=rng, dtype=dtype)
-        self.target_positions = make_positions(c.positional, c.max_len, d, rng=rng, dtype=dtype)
+        self.source_positions = make_positions(
+            c.positional, c.context_length, d, rng=rng, dtype=dtype
+        )
+        self.target_positions = make_positions(
+            c.positional, c.context_length, d, rng=rng, dtype=dtype
+        )
         self.source_dropout = Dropout(c.dropout, rng=rng)
         self.target_dropout = Dropout(c.dropout, rng=rng)
         block = {
@@ -125,7 +129,9 @@ class EncoderDecoder(Module):
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Checked source ids ``(B, S)`` and key mask (``None`` when nothing is hidden)."""
         c = self.config
-        ids = check_ids(source_ids, "source_ids", c.src_vocab_size, c.max_len, "max_len")
+        ids = check_ids(
+            source_ids, "source_ids", c.src_vocab_size, c.context_length, "context_length"
+        )
         b, s = ids.shape
         if source_mask is None:
             mask = padding_mask(ids, c.pad_id)  # (B, 1, S)
@@ -166,9 +172,9 @@ class EncoderDecoder(Module):
         Parameters
         ----------
         source_ids : numpy.ndarray of int
-            ``(B, S)``, ``S <= max_len``.
+            ``(B, S)``, ``S <= context_length``.
         decoder_input_ids : numpy.ndarray of int
-            ``(B, T)``, ``T <= max_len``: ``<bos>`` followed by the target.
+            ``(B, T)``, ``T <= context_length``: ``<bos>`` followed by the target.
         source_mask : numpy.ndarray of bool, optional
             Broadcasts to ``(B, 1, S)``: True at source positions that may be
             attended to (by the encoder and by the decoder's cross-attention).
@@ -185,7 +191,11 @@ class EncoderDecoder(Module):
         c = self.config
         source_ids, source_mask = self._source(source_ids, source_mask)
         ids = check_ids(
-            decoder_input_ids, "decoder_input_ids", c.tgt_vocab_size, c.max_len, "max_len"
+            decoder_input_ids,
+            "decoder_input_ids",
+            c.tgt_vocab_size,
+            c.context_length,
+            "context_length",
         )
         if ids.shape[0] != source_ids.shape[0]:
             raise ValueError(
@@ -290,12 +300,12 @@ class EncoderDecoder(Module):
         Raises
         ------
         ValueError
-            If ``state.length + n`` exceeds ``max_len``, the batch sizes differ, or
+            If ``state.length + n`` exceeds ``context_length``, the batch sizes differ, or
             the state belongs to another model.
         """
         self._cache = None
         c = self.config
-        tokens = check_ids(tokens, "tokens", c.tgt_vocab_size, None, "max_len")
+        tokens = check_ids(tokens, "tokens", c.tgt_vocab_size, None, "context_length")
         b, n = tokens.shape
         state = check_state(state, self, n, b)
         total = state.length + n

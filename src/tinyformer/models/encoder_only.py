@@ -29,6 +29,7 @@ from tinyformer.models.config import (
     ENCODER_DECODER_POSITIONS,
     _check_common,
     _check_flag,
+    _renamed,
     _Serializable,
     _set,
 )
@@ -38,18 +39,23 @@ from tinyformer.norm import LayerNorm
 __all__ = ["EncoderOnlyConfig", "EncoderOnlyMLM", "trace_encoder_block"]
 
 
+@_renamed("max_len", "context_length")
 @dataclass(frozen=True)
 class EncoderOnlyConfig(_Serializable):
-    r"""Sizes and options of an :class:`EncoderOnlyMLM`.
+    r"""Sizes and options of an encoder-only masked language model, checked when made.
+
+    The configuration of an :class:`EncoderOnlyMLM`.
 
     Attributes
     ----------
     vocab_size : int
         Number of token ids, special tokens (``[MASK]``, padding) included.
     d_model, n_heads, d_ff, n_layers : int
-        Width, heads (dividing ``d_model``), feed-forward width and number of blocks.
-    max_len : int
-        Longest sequence the model reads.
+        Width, heads (dividing ``d_model``), feed-forward width and number of
+        blocks in the one stack.
+    context_length : int
+        Longest sequence the model reads. The keyword and attribute ``max_len``
+        are a deprecated alias, removed in tinyformer 0.2.0.
     dropout : float
         Dropout probability in ``[0, 1)``.
     norm_first : bool
@@ -74,7 +80,7 @@ class EncoderOnlyConfig(_Serializable):
     n_heads: int = 4
     d_ff: int = 256
     n_layers: int = 2
-    max_len: int = 64
+    context_length: int = 64
     dropout: float = 0.0
     norm_first: bool = True
     activation: str = "gelu"
@@ -86,7 +92,7 @@ class EncoderOnlyConfig(_Serializable):
 
     def __post_init__(self) -> None:
         """Check every field; raise naming the first bad one."""
-        for name in ("vocab_size", "n_layers", "max_len"):
+        for name in ("vocab_size", "n_layers", "context_length"):
             _set(self, name, positive_int(getattr(self, name), name))
         for name in ("norm_first", "tie_output", "scale_embeddings"):
             _check_flag(self, name)
@@ -112,7 +118,7 @@ class EncoderOnlyMLM(Module):
     ----------
     config : EncoderOnlyConfig
     vocab_size, max_positions : int
-        ``config.vocab_size`` and ``config.max_len``.
+        ``config.vocab_size`` and ``config.context_length``.
     dtype : numpy.dtype
     """
 
@@ -122,13 +128,13 @@ class EncoderOnlyMLM(Module):
             raise TypeError(f"config must be an EncoderOnlyConfig, got {describe(config)}")
         rng = generator(rng)
         c = self.config = config
-        self.vocab_size, self.max_positions = c.vocab_size, c.max_len
+        self.vocab_size, self.max_positions = c.vocab_size, c.context_length
         self.dtype = np.dtype(c.dtype)
         d, dtype = c.d_model, self.dtype
         self.embedding = Embedding(
             c.vocab_size, d, rng=rng, scale_by_sqrt_d=c.scale_embeddings, dtype=dtype
         )
-        self.positions = make_positions(c.positional, c.max_len, d, rng=rng, dtype=dtype)
+        self.positions = make_positions(c.positional, c.context_length, d, rng=rng, dtype=dtype)
         self.dropout = Dropout(c.dropout, rng=rng)
         self.layers = [
             EncoderBlock(
@@ -157,7 +163,7 @@ class EncoderOnlyMLM(Module):
         to; by default the positions whose id is not ``config.pad_id``.
         """
         c = self.config
-        ids = check_ids(ids, "ids", c.vocab_size, c.max_len, "max_len")
+        ids = check_ids(ids, "ids", c.vocab_size, c.context_length, "context_length")
         b, t = ids.shape
         if mask is None:
             if c.pad_id is None:
@@ -181,7 +187,7 @@ class EncoderOnlyMLM(Module):
         return x if self.final_norm is None else self.final_norm.forward(x)
 
     def forward(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        """Logits ``(B, T, vocab_size)`` for token ids ``(B, T)``, ``T <= max_len``.
+        """Logits ``(B, T, vocab_size)`` for token ids ``(B, T)``, ``T <= context_length``.
 
         The logits at each position depend on every position the mask lets through.
         """

@@ -35,6 +35,7 @@ from tinyformer.checkpoint import read_checkpoint, save_checkpoint
 from tinyformer.data.batching import PairDataset
 from tinyformer.module import Module
 from tinyformer.optim import Optimizer, clip_grad_norm, grad_norm
+from tinyformer.runtime import blas_threads, retain_freed_memory, threads_for, user_thread_setting
 from tinyformer.training.batches import BatchStream, Dataset, WindowDataset
 from tinyformer.training.evaluation import EarlyStopping
 from tinyformer.training.history import History
@@ -114,11 +115,10 @@ def _check_data_fits(model: Module, data: object) -> None:
     else:
         return
     if longest > limit:
-        field = "context_length" if hasattr(config, "context_length") else "max_len"
         raise ValueError(
             f"train_data has {what} {longest} tokens, longer than the model's"
-            f" {type(config).__name__}.{field}={limit}: build the model with"
-            f" {field} >= {longest}"
+            f" {type(config).__name__}.context_length={limit}: build the model with"
+            f" context_length >= {longest}"
         )
 
 
@@ -161,6 +161,14 @@ class Trainer:
         Where :meth:`fit` saves a checkpoint every ``checkpoint_every`` steps
         and when it ends.
     checkpoint_every : int, optional
+    threads : int, str or None
+        BLAS threads while :meth:`fit` trains. ``"auto"`` (the default) asks
+        :func:`~tinyformer.runtime.threads_for` about the model's largest matrix product
+        (``2 * batch_size * context_length * d_model * d_ff``), unless the
+        environment sets a thread count (``OMP_NUM_THREADS`` and the like), which
+        wins; an int sets the count; None leaves BLAS as it is. :meth:`fit` also
+        calls :func:`~tinyformer.runtime.retain_freed_memory` (both are explained in
+        :mod:`tinyformer.runtime`).
 
     Attributes
     ----------
@@ -188,6 +196,7 @@ class Trainer:
         progress: bool = False,
         checkpoint_path: str | os.PathLike[str] | None = None,
         checkpoint_every: int | None = None,
+        threads: int | str | None = "auto",
     ) -> None:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a tinyformer Module, got {describe(model)}")
@@ -226,6 +235,9 @@ class Trainer:
             if checkpoint_every is None
             else positive_int(checkpoint_every, "checkpoint_every")
         )
+        if threads is not None and threads != "auto":
+            threads = positive_int(threads, "threads")
+        self.threads = threads
         self.step = 0
         self.history = History()
         self.stop_reason: str | None = None
@@ -311,6 +323,25 @@ class Trainer:
             ``self.history``.
         """
         budget = self._budget(max_steps, max_epochs)
+        retain_freed_memory()
+        with blas_threads(self.blas_thread_count()):
+            return self._fit(budget)
+
+    def blas_thread_count(self) -> int | None:
+        """The BLAS threads :meth:`fit` uses (None: as they are); see ``threads``."""
+        if self.threads != "auto":
+            return self.threads
+        if user_thread_setting() is not None:
+            return None  # the user's own setting wins
+        config = getattr(self.model, "config", None)
+        sizes = [getattr(config, name, None) for name in ("d_model", "d_ff")]
+        context = getattr(config, "context_length", None)  # every model config's name for it
+        if context is None or not all(isinstance(n, int) for n in sizes):
+            return None  # not a transformer of this library: nothing to go by
+        d_model, d_ff = sizes
+        return threads_for(2.0 * self.stream.batch_size * context * d_model * d_ff)
+
+    def _fit(self, budget: int) -> History:
         self.model.train()
         self.stop_reason = "budget"
         bar = _progress_bar(self.progress, budget, min(self.step, budget))

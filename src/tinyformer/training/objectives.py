@@ -90,9 +90,9 @@ def _score(
 def seq2seq_loss(
     model: Any, batch: Batch, *, label_smoothing: float = 0.0, backward: bool = True
 ) -> StepResult:
-    r"""Teacher-forced cross-entropy of an encoder-decoder on a padded :class:`~tinyformer.data.batching.Batch`.
+    r"""Teacher-forced cross-entropy of an encoder-decoder on a padded batch.
 
-    The model reads ``batch.source_ids`` and ``batch.decoder_input_ids`` with
+    Of a :class:`~tinyformer.data.batching.Batch`, the model reads ``batch.source_ids`` and ``batch.decoder_input_ids`` with
     the batch's masks and predicts ``batch.target_ids``; positions outside
     ``batch.loss_mask`` (padding) count neither in the loss nor in the accuracy.
 
