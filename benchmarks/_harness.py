@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -96,3 +98,29 @@ def run_setting(
     for key, value in lines[0]["settings"].items():
         print(f"  {key}: {value}")
     return lines[1:]
+
+
+def matmul_peak(dtype_name: str, repeats: int = 9) -> float:
+    """GFLOP/s of NumPy's 1024 x 1024 x 1024 matrix product: this machine's practical peak."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((1024, 1024)).astype(dtype_name) for _ in range(2))
+    a @ b  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - start)
+    return 2 * 1024**3 / float(np.median(seconds)) / 1e9
+
+
+def run_or_profile(
+    script: str, child_args: Sequence[str], *, threads: int, profile: str | None
+) -> list[dict]:
+    """:func:`run_setting`, or with ``profile`` the child's profile printed straight to the terminal."""
+    if not profile:
+        return run_setting(script, child_args, threads=threads)
+    env = dict(os.environ, **dict.fromkeys(THREAD_VARIABLES, str(threads)))
+    env.pop("OPENBLAS_CORETYPE", None)
+    command = [sys.executable, script, "--child", *child_args, "--profile", profile]
+    subprocess.run(command, env=env, check=True)
+    return []

@@ -24,12 +24,11 @@ import ctypes
 import json
 import os
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from _harness import THREAD_VARIABLES, cpuinfo, run_setting, time_alternately
+from _harness import THREAD_VARIABLES, cpuinfo, matmul_peak, run_setting, time_alternately
 
 from tinyformer.blocks import EncoderBlock
 from tinyformer.cost import count_matmuls
@@ -152,19 +151,6 @@ def _make_pair(size: dict[str, int], dtype_name: str):
         return out.detach().numpy()
 
     return step_ours, step_theirs, ours
-
-
-def matmul_peak(dtype_name: str, repeats: int = 9) -> float:
-    """GFLOP/s of NumPy's 1024 x 1024 x 1024 matrix product: this machine's practical peak."""
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((1024, 1024)).astype(dtype_name) for _ in range(2))
-    a @ b  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        seconds.append(time.perf_counter() - start)
-    return 2 * 1024**3 / float(np.median(seconds)) / 1e9
 
 
 def run_child(repeats_small: int, repeats_large: int) -> None:

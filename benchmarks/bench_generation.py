@@ -40,7 +40,6 @@ import json
 import os
 import platform
 import pstats
-import subprocess
 import sys
 from pathlib import Path
 
@@ -52,7 +51,7 @@ from tinyformer.generation import greedy
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import THREAD_VARIABLES, cpuinfo, run_setting, time_alternately
+from _harness import cpuinfo, run_or_profile, time_alternately
 from bench_encoder_block import blas_settings
 from bench_kv_cache import BATCHES, MODEL, NEW_TOKENS, PROMPT_LENGTH, compare
 
@@ -267,13 +266,7 @@ def _profile(dtype_name: str, batch: str, new_tokens: str) -> None:
 # -------------------------------------------------------------------- parent
 def _run_setting(threads: int, args: argparse.Namespace) -> list[dict]:
     child_args = ["--repeats", str(args.repeats), "--speed-up-repeats", str(args.speed_up_repeats)]
-    if args.profile:  # the profile prints straight to the terminal
-        env = dict(os.environ, **dict.fromkeys(THREAD_VARIABLES, str(threads)))
-        env.pop("OPENBLAS_CORETYPE", None)
-        command = [sys.executable, __file__, "--child", *child_args, "--profile", args.profile]
-        subprocess.run(command, env=env, check=True)
-        return []
-    return run_setting(__file__, child_args, threads=threads)
+    return run_or_profile(__file__, child_args, threads=threads, profile=args.profile)
 
 
 def _print_tables(rows: list[dict]) -> None:

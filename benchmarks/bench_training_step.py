@@ -56,9 +56,7 @@ import math
 import os
 import platform
 import pstats
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +76,7 @@ from tinyformer.positional import sinusoidal_encoding
 from tinyformer.runtime import retain_freed_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import THREAD_VARIABLES, cpuinfo, run_setting, time_alternately
+from _harness import cpuinfo, matmul_peak, run_or_profile, time_alternately
 from bench_encoder_block import blas_settings
 
 PAD, BOS = 0, 1
@@ -278,19 +276,6 @@ def _make_pair(family: str, dtype_name: str):
     return step_ours, step_theirs, difference, ours
 
 
-def matmul_peak(dtype_name: str, repeats: int = 9) -> float:
-    """GFLOP/s of NumPy's 1024 x 1024 x 1024 matrix product: this machine's practical peak."""
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((1024, 1024)).astype(dtype_name) for _ in range(2))
-    a @ b  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        seconds.append(time.perf_counter() - start)
-    return 2 * 1024**3 / float(np.median(seconds)) / 1e9
-
-
 def run_child(repeats: int, profile: str | None) -> None:
     """Time every family and dtype in this process; print one JSON line each."""
     threads = int(os.environ["OMP_NUM_THREADS"])
@@ -345,13 +330,7 @@ def _profile(family: str, dtype_name: str) -> None:
 # -------------------------------------------------------------------- parent
 def _run_setting(threads: int, args: argparse.Namespace) -> list[dict]:
     child_args = ["--repeats", str(args.repeats)]
-    if args.profile:  # the profile prints straight to the terminal
-        env = dict(os.environ, **dict.fromkeys(THREAD_VARIABLES, str(threads)))
-        env.pop("OPENBLAS_CORETYPE", None)
-        command = [sys.executable, __file__, "--child", *child_args, "--profile", args.profile]
-        subprocess.run(command, env=env, check=True)
-        return []
-    return run_setting(__file__, child_args, threads=threads)
+    return run_or_profile(__file__, child_args, threads=threads, profile=args.profile)
 
 
 def _print_table(rows: list[dict]) -> None:
