@@ -4,8 +4,9 @@ BLAS reads its thread count (and OpenBLAS its kernel choice) when NumPy loads, s
 each setting runs the benchmark script again as a child with ``--child`` and the
 environment fixed. The child prints one JSON line of settings, then one JSON
 line per timed row; :func:`run_setting` collects them. Inside a child,
-:func:`time_alternately` times two contenders in alternation, so slow phases of
-a shared machine fall on both.
+:func:`time_side_by_side` times two contenders: in alternation at one thread, so
+slow phases of a shared machine fall on both, and one after the other at more
+threads, so that neither runs while the other's idle threads still hold a core.
 """
 
 from __future__ import annotations
@@ -59,6 +60,47 @@ def time_alternately(
             start = time.perf_counter()
             (first, second)[i]()
             times[i].append(time.perf_counter() - start)
+    return times
+
+
+# Seconds to wait between two contenders' blocks of calls at more than one thread: long
+# enough for the idle worker threads of the first (OpenMP's and OpenBLAS's spin before
+# they sleep) to have gone to sleep.
+PAUSE_BETWEEN_BLOCKS = 0.5
+
+
+def time_side_by_side(
+    first: Callable[[], object],
+    second: Callable[[], object],
+    repeats: int,
+    *,
+    threads: int,
+    collect_each: bool = False,
+) -> tuple[list[float], list[float]]:
+    """Seconds of ``repeats`` calls of each, as fairly as ``threads`` allows.
+
+    At one thread the calls alternate (:func:`time_alternately`). With more,
+    each library's worker threads keep spinning for a while after its last
+    parallel call, and alternating calls would time the two thread pools
+    fighting over the cores: on a 2-core machine that made each library up to
+    twice as slow as it is alone (PyTorch's OpenMP pool against OpenBLAS's
+    threads, measured both ways). So each contender then runs all its calls
+    in one block, after a warm-up call and a pause in which the other's
+    threads go to sleep.
+    """
+    if threads == 1:
+        return time_alternately(first, second, repeats, collect_each=collect_each)
+    times: tuple[list[float], list[float]] = ([], [])
+    for function, seconds in zip((first, second), times, strict=True):
+        time.sleep(PAUSE_BETWEEN_BLOCKS)
+        function()  # warm-up: wakes this contender's threads
+        gc.collect()
+        for _ in range(repeats):
+            if collect_each:
+                gc.collect()
+            start = time.perf_counter()
+            function()
+            seconds.append(time.perf_counter() - start)
     return times
 
 

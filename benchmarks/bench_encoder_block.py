@@ -9,8 +9,10 @@ accumulate on both sides, as they would between two ``zero_grad`` calls.
 
 BLAS settings must be fixed before NumPy and PyTorch load, so each setting
 (thread count, ``OPENBLAS_CORETYPE``) runs in a child process of its own. Both
-libraries get the same thread count in the same process; the two are timed in
-alternation, repeat after repeat, and the medians are reported. The ratio is
+libraries get the same thread count in the same process. At one thread the two
+are timed in alternation, repeat after repeat; at two, one after the other with a
+pause between, so that neither library's idle threads spin on a core the other
+needs (``_harness.time_side_by_side``). The medians are reported; the ratio is
 tinyformer's median over PyTorch's: below 1 means NumPy is faster.
 
 Run ``python benchmarks/bench_encoder_block.py`` (``nox -s benchmarks``);
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _harness import THREAD_VARIABLES, cpuinfo, matmul_peak, run_setting, time_alternately
+from _harness import THREAD_VARIABLES, cpuinfo, matmul_peak, run_setting, time_side_by_side
 
 from tinyformer.blocks import EncoderBlock
 from tinyformer.cost import count_matmuls
@@ -172,7 +174,9 @@ def run_child(repeats_small: int, repeats_large: int) -> None:
             difference = float(np.abs(out - step_theirs()).max())  # also a warm-up
             step_ours(), step_theirs()
             repeats = repeats_large if large else repeats_small
-            times_ours, times_theirs = time_alternately(step_ours, step_theirs, repeats)
+            times_ours, times_theirs = time_side_by_side(
+                step_ours, step_theirs, repeats, threads=threads
+            )
             row = {
                 "size": size,
                 "dtype": dtype_name,

@@ -22,10 +22,15 @@ the first step (the prompt).
 Time per generated token is the median time of one whole generation (prompt
 included) over the repeats, divided by the number of new tokens; the ratio is
 tinyformer's over PyTorch's (below 1: NumPy is faster). The two are timed in
-alternation, in the same child process per BLAS thread count. The last table
+the same child process per BLAS thread count: in alternation at one thread, one
+after the other at more (``_harness.time_side_by_side``). The last table
 gives tinyformer's cache speed-up over recomputing the prefix at every step
 (``use_cache=False``) at 256 new tokens, batch 1, measured by
-``bench_kv_cache.compare``.
+``bench_kv_cache.compare``, and the call floor: the same cached generation by a
+model 4 wide (``d_model = d_ff = 4``, everything else the same), whose time is
+what the step's NumPy and Python calls cost with next to no arithmetic. Uncached
+time over that floor bounds the speed-up any cached step making the same calls
+could show.
 
 Run ``python benchmarks/bench_generation.py`` (``--quick`` for fewer repeats,
 ``--threads 1 2`` for two BLAS thread counts, ``--profile float32:8:256`` to
@@ -36,11 +41,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import os
 import platform
 import pstats
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +58,7 @@ from tinyformer.generation import greedy
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import cpuinfo, run_or_profile, time_alternately
+from _harness import cpuinfo, run_or_profile, time_side_by_side
 from bench_encoder_block import blas_settings
 from bench_kv_cache import BATCHES, MODEL, NEW_TOKENS, PROMPT_LENGTH, compare
 
@@ -188,6 +195,26 @@ def _ours(model: DecoderOnlyLM, prompt: np.ndarray, new_tokens: int):
     return np.stack(result.tokens), np.stack(result.token_log_probs)
 
 
+def _call_floor_ms(dtype_name: str, prompt: np.ndarray, new_tokens: int, repeats: int) -> float:
+    """Median ms of cached greedy decoding by a model 4 wide: the cost of the calls alone.
+
+    Same code, layers, heads, vocabulary, prompt and number of tokens, with
+    ``d_model = d_ff = 4``: the matrix products and elementwise work shrink to
+    next to nothing, and what is left is what NumPy and Python charge per call.
+    A cached step cannot be cheaper than that without making fewer calls.
+    """
+    config = DecoderOnlyConfig(**{**MODEL, "d_model": 4, "d_ff": 4}, dtype=dtype_name)
+    model = DecoderOnlyLM(config, rng=np.random.default_rng(0)).eval()
+    _ours(model, prompt, new_tokens)  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        _ours(model, prompt, new_tokens)
+        seconds.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(seconds))
+
+
 def _check(ours, theirs, prompt: np.ndarray, new_tokens: int) -> dict:
     """First-step logit gap; same tokens, or the first step where they differ."""
     state = ours.start(prompt.shape[0])
@@ -219,10 +246,11 @@ def run_child(repeats: int, speed_up_repeats: int, profile: str | None) -> None:
             prompt_torch = torch.from_numpy(prompt)
             for new_tokens in NEW_TOKENS:
                 check = _check(ours, theirs, prompt, new_tokens)  # also the warm-up
-                times_ours, times_theirs = time_alternately(
+                times_ours, times_theirs = time_side_by_side(
                     lambda m=ours, p=prompt, n=new_tokens: _ours(m, p, n),
                     lambda m=theirs, p=prompt_torch, n=new_tokens: torch_greedy(m, p, n),
                     repeats,
+                    threads=threads,
                     collect_each=True,
                 )
                 row = {
@@ -247,6 +275,7 @@ def run_child(repeats: int, speed_up_repeats: int, profile: str | None) -> None:
                     "threads": threads,
                     "repeats": speed_up_repeats,
                     **compare(ours, prompt, n, speed_up_repeats),
+                    "floor_ms": _call_floor_ms(dtype_name, prompt, n, speed_up_repeats),
                 }
                 print(json.dumps(row), flush=True)
 
@@ -291,7 +320,8 @@ def _print_tables(rows: list[dict]) -> None:
     )
     header = (
         f"{'dtype':<8} {'batch':>5} {'new tokens':>10} {'threads':>7} {'cached ms':>10}"
-        f" {'uncached ms':>11} {'speed-up':>8} {'same tokens':>11}"
+        f" {'uncached ms':>11} {'speed-up':>8} {'same tokens':>11} {'call floor ms':>13}"
+        f" {'bound':>6}"
     )
     print("\ntinyformer's KV cache against recomputing the prefix (use_cache=False)")
     print(header)
@@ -301,7 +331,13 @@ def _print_tables(rows: list[dict]) -> None:
             f"{r['dtype']:<8} {r['batch']:>5} {r['new_tokens']:>10} {r['threads']:>7}"
             f" {r['cached_ms']:>10.1f} {r['uncached_ms']:>11.1f}"
             f" {r['uncached_ms'] / r['cached_ms']:>7.1f}x {r['same_tokens']!s:>11}"
+            f" {r['floor_ms']:>13.1f} {r['uncached_ms'] / r['floor_ms']:>5.1f}x"
         )
+    print(
+        "call floor = the same cached generation by the same code with d_model = d_ff = 4:"
+        " what its NumPy and Python\ncalls cost with next to no arithmetic; bound = uncached /"
+        " call floor, the most the cache could gain without fewer calls"
+    )
 
 
 def main() -> None:

@@ -29,9 +29,11 @@ BLAS threads must be fixed before NumPy loads, so each thread count runs in a
 child process with ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS``
 set and ``torch.set_num_threads`` called. The child process is set up as
 tinyformer's ``Trainer`` sets up its own (``tinyformer.runtime.retain_freed_memory``:
-freed memory is kept for reuse), which serves both libraries alike. The two are
-timed in alternation, repeat after repeat; medians are reported, and the ratio is
-tinyformer's median over PyTorch's (below 1: NumPy is faster).
+freed memory is kept for reuse), which serves both libraries alike. At one thread
+the two are timed in alternation, repeat after repeat; at more, one after the
+other with a pause between, so that neither library's idle threads spin on a core
+the other needs (``_harness.time_side_by_side``). Medians are reported, and the
+ratio is tinyformer's median over PyTorch's (below 1: NumPy is faster).
 
 The distance to the physical limit is printed too. The step's matrix products are
 counted (``tinyformer.cost.count_matmuls``; both libraries compute the same
@@ -76,7 +78,7 @@ from tinyformer.positional import sinusoidal_encoding
 from tinyformer.runtime import retain_freed_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import cpuinfo, matmul_peak, run_or_profile, time_alternately
+from _harness import cpuinfo, matmul_peak, run_or_profile, time_side_by_side
 from bench_encoder_block import blas_settings
 
 PAD, BOS = 0, 1
@@ -299,7 +301,9 @@ def run_child(repeats: int, profile: str | None) -> None:
             step_theirs()
             for _ in range(3):  # warm-up, the same number of updates on both sides
                 step_ours(), step_theirs()
-            times_ours, times_theirs = time_alternately(step_ours, step_theirs, repeats)
+            times_ours, times_theirs = time_side_by_side(
+                step_ours, step_theirs, repeats, threads=threads
+            )
             row = {
                 "family": family,
                 "dtype": dtype_name,

@@ -116,40 +116,67 @@ _CDF_GRIDS = {
 }
 
 
+def _constants(dtype: np.dtype) -> dict[str, np.ndarray]:
+    """The scalars of :func:`_cdf_and_density` as 0-d arrays of ``dtype``.
+
+    The same values a Python float would be rounded to, so the same results, but a
+    ufunc takes a 0-d array of its own dtype in half the time: on the short rows of a
+    decoding step, that call overhead is most of the cost.
+    """
+    step, z_max, _ = _CDF_GRIDS[dtype]
+    values = {
+        "z_max": z_max,
+        "inverse_step": 1.0 / step,
+        "step": step,
+        "minus_half": -0.5,
+        "inv_sqrt_2pi": _INV_SQRT_2PI,
+        "one": 1.0,
+        "three": 3.0,
+        "half": 0.5,
+        "sixth": 1.0 / 6.0,
+        "twenty_fourth": 1.0 / 24.0,
+    }
+    return {name: np.array(value, dtype=dtype) for name, value in values.items()}
+
+
+_CDF_CONSTANTS = {dtype: _constants(dtype) for dtype in _CDF_GRIDS}
+
+
 def _cdf_and_density(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     r""":math:`\Phi(x)` and :math:`\varphi(x)` of a float32 or float64 block (see above)."""
-    step, z_max, grid = _CDF_GRIDS[x.dtype]
-    xc = np.clip(x, -z_max, z_max)  # NaN stays NaN
-    s = xc + z_max
-    s *= 1.0 / step
+    _step, z_max, grid = _CDF_GRIDS[x.dtype]
+    c = _CDF_CONSTANTS[x.dtype]
+    xc = x.clip(-z_max, z_max)  # NaN stays NaN; the method costs less than np.clip
+    s = np.add(xc, c["z_max"])
+    np.multiply(s, c["inverse_step"], out=s)
     nearest = np.rint(s)
     with np.errstate(invalid="ignore"):  # NaN becomes some index; its h stays NaN
         cdf = grid.take(nearest.astype(np.int32), mode="clip")  # Phi(z_j); int32 casts faster
-    h = s - nearest
-    h *= step  # x - z_j, at most step / 2 in size
-    density = x * x
-    density *= -0.5
+    h = np.subtract(s, nearest, out=s)
+    np.multiply(h, c["step"], out=h)  # x - z_j, at most step / 2 in size
+    density = np.multiply(x, x)
+    np.multiply(density, c["minus_half"], out=density)
     np.exp(density, out=density)
-    density *= _INV_SQRT_2PI  # phi(x)
+    np.multiply(density, c["inv_sqrt_2pi"], out=density)  # phi(x)
     if x.dtype == np.float64:  # sum_{k=1..4} He_{k-1}(x) h^k / k!, by Horner in h
-        x2 = xc * xc
-        series = x2 - 3.0
-        series *= xc
-        series *= h
-        series *= 1.0 / 24.0  # He_3 h / 4!
-        x2 -= 1.0
-        x2 *= 1.0 / 6.0
-        series += x2  # He_2 / 3!
-        series *= h
-        series += 0.5 * xc  # He_1 / 2!
-        series *= h
-        series += 1.0  # He_0 / 1!
-        series *= h
-        series *= density
-        cdf += series
+        x2 = np.multiply(xc, xc)
+        series = np.subtract(x2, c["three"])
+        np.multiply(series, xc, out=series)
+        np.multiply(series, h, out=series)
+        np.multiply(series, c["twenty_fourth"], out=series)  # He_3 h / 4!
+        np.subtract(x2, c["one"], out=x2)
+        np.multiply(x2, c["sixth"], out=x2)
+        np.add(series, x2, out=series)  # He_2 / 3!
+        np.multiply(series, h, out=series)
+        np.add(series, np.multiply(c["half"], xc, out=x2), out=series)  # He_1 / 2!
+        np.multiply(series, h, out=series)
+        np.add(series, c["one"], out=series)  # He_0 / 1!
+        np.multiply(series, h, out=series)
+        np.multiply(series, density, out=series)
+        np.add(cdf, series, out=cdf)
     else:  # k = 1 only: Phi(z_j) + phi(x) h
-        h *= density
-        cdf += h
+        np.multiply(h, density, out=h)
+        np.add(cdf, h, out=cdf)
     return cdf, density
 
 
@@ -172,22 +199,26 @@ def _blockwise(function, x: np.ndarray, n_out: int) -> tuple[np.ndarray, ...]:
     flat = np.ascontiguousarray(x).reshape(-1)
     outs = [np.empty_like(flat) for _ in range(n_out)]
     block = _BLOCK_BYTES // flat.itemsize
+    if flat.size <= block:  # one block (a decoding step): no slices to make
+        function(flat, *outs)
+        return tuple(out.reshape(x.shape) for out in outs)
     for start in range(0, flat.size, block):
         stop = start + block
         function(flat[start:stop], *(out[start:stop] for out in outs))
     return tuple(out.reshape(x.shape) for out in outs)
 
 
-def _gelu_block(x: np.ndarray, y: np.ndarray, dy: np.ndarray) -> None:
-    r"""Exact GELU :math:`x\Phi(x)` and its derivative :math:`\Phi(x) + x\varphi(x)`."""
+def _gelu_block(x: np.ndarray, y: np.ndarray, dy: np.ndarray | None = None) -> None:
+    r"""Exact GELU :math:`x\Phi(x)` and its derivative :math:`\Phi(x) + x\varphi(x)` (if ``dy``)."""
     cdf, density = _cdf_and_density(x)
     np.multiply(x, cdf, out=y)
-    density *= x
-    np.add(cdf, density, out=dy)
+    if dy is not None:
+        density *= x
+        np.add(cdf, density, out=dy)
 
 
-def _gelu_tanh_block(x: np.ndarray, y: np.ndarray, dy: np.ndarray) -> None:
-    r"""The tanh-approximated GELU and its derivative, for one block."""
+def _gelu_tanh_block(x: np.ndarray, y: np.ndarray, dy: np.ndarray | None = None) -> None:
+    r"""The tanh-approximated GELU and (if ``dy``) its derivative, for one block."""
     x2 = x * x
     inner = x2 * _GELU_TANH_CUBIC
     inner += 1.0
@@ -196,6 +227,8 @@ def _gelu_tanh_block(x: np.ndarray, y: np.ndarray, dy: np.ndarray) -> None:
     half = t + 1.0
     half *= 0.5  # (1 + t) / 2
     np.multiply(x, half, out=y)
+    if dy is None:
+        return
     x2 *= 3.0 * _GELU_TANH_CUBIC
     x2 += 1.0
     x2 *= _SQRT_2_OVER_PI  # d inner / dx
@@ -206,13 +239,15 @@ def _gelu_tanh_block(x: np.ndarray, y: np.ndarray, dy: np.ndarray) -> None:
     np.add(half, t, out=dy)
 
 
-def _silu_block(x: np.ndarray, y: np.ndarray, dy: np.ndarray) -> None:
-    r"""SiLU :math:`x\sigma(x)` and its derivative :math:`\sigma(x)(1 + x(1 - \sigma(x)))`."""
+def _silu_block(x: np.ndarray, y: np.ndarray, dy: np.ndarray | None = None) -> None:
+    r"""SiLU :math:`x\sigma(x)` and (if ``dy``) its derivative :math:`\sigma(x)(1 + x(1 - \sigma(x)))`."""
     s = x * 0.5
     np.tanh(s, out=s)
     s *= 0.5
     s += 0.5  # sigma(x) = (1 + tanh(x / 2)) / 2: nothing to overflow, and tanh is fast
     np.multiply(x, s, out=y)
+    if dy is None:
+        return
     one_minus = np.subtract(1.0, s)
     one_minus *= x
     one_minus += 1.0
@@ -226,6 +261,15 @@ def _activation_and_derivative(x: np.ndarray, name: str) -> tuple[np.ndarray, np
     """An activation and its derivative at ``x`` in one blockwise pass (what a layer keeps)."""
     y, dy = _blockwise(_WITH_DERIVATIVE[name], x, 2)
     return y, dy
+
+
+def _activation(x: np.ndarray, name: str) -> np.ndarray:
+    """The activation alone, by the same operations (the same bits) as its value above.
+
+    For passes that no backward follows (a cached decoding step).
+    """
+    (y,) = _blockwise(_WITH_DERIVATIVE[name], x, 1)
+    return y
 
 
 def _shifted_max(x: np.ndarray, axis: int, name: str) -> np.ndarray:

@@ -236,6 +236,20 @@ def test_activation_and_derivative_in_one_pass_equal_the_separate_functions(rng,
     assert empty_value.shape == empty_slope.shape == (2, 0)
 
 
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 512), (3, 40_001), (0,)])
+def test_the_value_alone_is_the_value_of_the_pass_with_the_derivative(rng, name, dtype, shape):
+    # a decoding step takes the value alone: it must be the training pass's, bit for bit,
+    # for one block (one token) and for several
+    x = (3 * rng.standard_normal(shape)).astype(dtype)
+    x.reshape(-1)[:4] = [np.nan, 50.0, -50.0, 0.0][: x.size]
+    value = F._activation(x, name)
+    assert value.dtype == dtype
+    assert value.shape == x.shape
+    np.testing.assert_array_equal(value, F._activation_and_derivative(x, name)[0])
+
+
 def test_exact_gelu_derivative_is_accurate_in_float32():
     xs = np.linspace(-9, 9, 36_001)
     exact = _exact_cdf(xs) + xs * np.exp(-0.5 * xs * xs) / math.sqrt(2 * math.pi)

@@ -1,10 +1,11 @@
 """The per-token fast path of generation gives the same numbers, to the last bit, as the layers.
 
-``DecoderOnlyLM.step`` runs its blocks through ``models._stack.decode_stack``
-when ``can_fuse`` allows it; ``greedy`` takes each chosen token's
-log-probability with ``chosen_log_probs`` instead of a whole log-softmax; and
-``IncrementalDecoder`` keeps the prefix in a buffer that doubles. None of them
-may change a single bit of what decoding returns.
+``DecoderOnlyLM.step`` runs through ``models._stack.decode_step`` (embedding,
+blocks, final norm and output layer without their checks) when ``can_fuse``
+allows it; ``greedy`` takes each chosen token's log-probability with
+``chosen_log_probs`` instead of a whole log-softmax; and ``IncrementalDecoder``
+keeps the prefix in a buffer that doubles. None of them may change a single bit
+of what decoding returns.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from tinyformer.functional import log_softmax
 from tinyformer.generation import IncrementalDecoder, greedy, sample
 from tinyformer.generation.decoding import chosen_log_probs
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
-from tinyformer.models._stack import can_fuse
+from tinyformer.models._stack import _extend, can_fuse
+from tinyformer.multihead import KVCache
 
 OPTIONS = {
     "pre-norm gelu learned": {},
@@ -29,6 +31,7 @@ OPTIONS = {
     },
     "gelu_tanh, no positions": {"activation": "gelu_tanh", "positional": "none"},
     "silu": {"activation": "silu"},
+    "untied output, unscaled embeddings": {"tie_output": False, "scale_embeddings": False},
 }
 
 
@@ -167,3 +170,19 @@ def test_the_prefix_buffer_grows_rolls_back_and_reorders():
     with pytest.raises(ValueError, match="tokens must have shape"):
         decoder.feed(np.array([[1], [2]]))  # 2 rows, the decoder has 3 now
     assert decoder.length == 76  # a refused feed changes nothing
+
+
+def test_the_decoding_steps_extend_is_append_without_the_checks_it_does_not_need():
+    rng = np.random.default_rng(4)
+    keys = rng.standard_normal((2, 2, 40, 3))
+    values = rng.standard_normal((2, 2, 40, 5))
+    checked, fast = KVCache(), KVCache()
+    for i in range(0, 40, 3):  # through the first allocation and two doublings
+        expected = checked.append(keys[:, :, i : i + 3], values[:, :, i : i + 3])
+        got = _extend(fast, keys[:, :, i : i + 3], values[:, :, i : i + 3])
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+    fast.truncate(10)
+    with pytest.raises(ValueError, match="call reset"):  # another batch size: append's error
+        _extend(fast, keys[:1, :, :1], values[:1, :, :1])
+    assert len(fast) == 10

@@ -432,12 +432,13 @@ def chosen_log_probs(logits: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     numpy.ndarray
         ``(B,)`` log-probabilities, in the dtype of ``logits``.
     """
-    row_max = np.max(logits, axis=1, keepdims=True)  # (B, 1)
+    row_max = logits.max(axis=1, keepdims=True)  # (B, 1)
     if not np.isfinite(row_max).all():
         return np.take_along_axis(log_softmax(logits), chosen[:, None], axis=1)[:, 0]
     shifted = logits - row_max  # (B, V)
-    log_total = np.log(np.exp(shifted).sum(axis=1))  # (B,)
-    return shifted[np.arange(shifted.shape[0]), chosen] - log_total
+    picked = shifted[np.arange(shifted.shape[0]), chosen]  # (B,), before exp overwrites them
+    log_total = np.log(np.exp(shifted, out=shifted).sum(axis=1))  # (B,)
+    return picked - log_total
 
 
 def generate(run: _Prepared, choose: Callable[[np.ndarray], np.ndarray]) -> GenerationResult:

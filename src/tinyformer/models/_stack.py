@@ -1,12 +1,13 @@
 """Pieces the models share: the position layer, the single-stack backward pass, fused decoding.
 
-The fused decode step (:func:`decode_stack`) runs a stack of decoder blocks
-over the new positions of step-by-step decoding with the operations of the
-blocks' own ``forward`` methods, in the same order, so its outputs are the
-same to the last bit; what it leaves out is the per-call overhead that a
-one-token step pays many times: input checks, saved state for ``backward``
-(a cached step has no backward) and reshapes between layers. The unit tests
-compare the two paths bit for bit.
+The fused decode step (:func:`decode_step`, with :func:`decode_stack` for the
+blocks) runs a decoder-only model over the new positions of step-by-step
+decoding with the operations of its layers' own ``forward`` methods, in the same
+order, so its logits are the same to the last bit; what it leaves out is the
+per-call overhead that a one-token step pays many times: input checks, saved
+state for ``backward`` (a cached step has no backward), the activation's
+derivative and reshapes between layers. The unit tests compare the two paths bit
+for bit.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from tinyformer import functional
+from tinyformer.layers import TiedOutputProjection
 from tinyformer.module import Module
 from tinyformer.multihead import KVCache, _softmax_in_place
-from tinyformer.norm import LayerNorm
+from tinyformer.norm import LayerNorm, _row_dot
 from tinyformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
 
@@ -56,12 +58,14 @@ def make_positions(
 
 
 def can_fuse(model: Any) -> bool:
-    """Whether :func:`decode_stack` computes ``model``'s blocks exactly.
+    """Whether :func:`decode_step` computes ``model``'s step exactly.
 
     True for blocks without cross-attention, rotary positions or a gated
-    feed-forward network, whose dropouts are all the identity (evaluation mode,
-    or a rate of 0).
+    feed-forward network, whose dropouts (and the embeddings' dropout) are
+    all the identity (evaluation mode, or a rate of 0).
     """
+    if model.dropout.training and model.dropout.p > 0.0:
+        return False
     for block in model.layers:
         attention, ffn = block.self_attention.layer, block.feed_forward.layer
         if block.cross_attention is not None or attention.rotary or ffn.gated:
@@ -82,9 +86,8 @@ def _layer_norm(norm: LayerNorm, rows: np.ndarray, mean: np.ndarray) -> np.ndarr
 
     ``mean`` is the vector ``(d,)`` of entries ``1/d`` (row means as a matrix product).
     """
-    d = rows.shape[1]
     x_hat = rows - (rows @ mean)[:, None]  # (N, d)
-    inv_std = (1.0 / np.sqrt(np.einsum("ij,ij->i", x_hat, x_hat) / d + norm.eps))[:, None]
+    inv_std = (1.0 / np.sqrt(_row_dot(x_hat, x_hat) / norm.d_model + norm.eps))[:, None]
     x_hat *= inv_std
     y = x_hat * norm.gain.value
     y += norm.bias.value
@@ -99,13 +102,29 @@ def _linear(rows: np.ndarray, weight: Any, bias: Any) -> np.ndarray:
     return y
 
 
+def _extend(cache: KVCache, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``cache.append(keys, values)`` without the checks that a decoding step's arrays pass.
+
+    When the batch matches and the storage has room, only the copies are made;
+    anything else goes through :meth:`KVCache.append` and its checks.
+    """
+    stored, n_new = cache._keys, keys.shape[2]
+    stop = cache._length + n_new
+    if stored is None or stop > stored.shape[2] or keys.shape[0] != stored.shape[0]:
+        return cache.append(keys, values)
+    stored[:, :, cache._length : stop] = keys
+    cache._values[:, :, cache._length : stop] = values
+    cache._length = stop
+    return stored[:, :, :stop], cache._values[:, :, :stop]
+
+
 def _attention(layer: Any, rows: np.ndarray, b: int, n: int, cache: KVCache, mask) -> np.ndarray:
     """Cached self-attention of ``MultiHeadAttention.forward``: rows ``(B n, d)`` in and out."""
     h, d_k = layer.n_heads, layer.d_k
     qkv = _linear(rows, layer.w_qkv, layer.b_qkv)  # (B n, 3 d)
     qkv = qkv.reshape(b, n, 3, h, d_k).transpose(2, 0, 3, 1, 4)  # (3, B, h, n, d_k)
     q = qkv[0]
-    k, v = cache.append(qkv[1], qkv[2])  # (B, h, T_cached + n, d_k)
+    k, v = _extend(cache, qkv[1], qkv[2])  # (B, h, T_cached + n, d_k)
     q *= layer.scale
     weights = _softmax_in_place(q @ k.transpose(0, 1, 3, 2), mask)  # (B, h, n, T)
     heads = np.empty((b, n, h, d_k), dtype=rows.dtype)  # (B, n, h, d_k)
@@ -114,42 +133,76 @@ def _attention(layer: Any, rows: np.ndarray, b: int, n: int, cache: KVCache, mas
 
 
 def _feed_forward(layer: Any, rows: np.ndarray) -> np.ndarray:
-    """``FeedForward.forward`` (not gated) of rows ``(N, d)``."""
+    """``FeedForward.forward`` (not gated) of rows ``(N, d)``, without the derivative."""
     pre = _linear(rows, layer.linear_in.weight, layer.linear_in.bias)  # (N, d_ff)
     if layer.activation == "relu":
         hidden = np.maximum(pre, 0, out=pre)
-    else:
-        hidden = functional._activation_and_derivative(pre, layer.activation)[0]
+    else:  # the same value as the layer's, with no derivative: no backward follows
+        hidden = functional._activation(pre, layer.activation)
     return _linear(hidden, layer.linear_out.weight, layer.linear_out.bias)  # (N, d)
-
-
-def _sublayer(residual: Any, rows: np.ndarray, compute, mean: np.ndarray) -> np.ndarray:
-    """``x + F(LN(x))`` (pre-norm) or ``LN(x + F(x))`` (post-norm), as ``_Residual.forward``."""
-    if residual.norm_first:
-        out = compute(_layer_norm(residual.norm, rows, mean))
-        out += rows
-        return out
-    out = compute(rows)
-    out += rows
-    return _layer_norm(residual.norm, out, mean)
 
 
 def decode_stack(model: Any, x: np.ndarray, caches: list, mask: np.ndarray | None) -> np.ndarray:
     """Run ``model.layers`` over the new positions ``x`` ``(B, n, d)``, extending ``caches``.
 
     Only for a model for which :func:`can_fuse` is true; ``mask`` is the
-    ``(n, T_cached + n)`` causal mask, or None for one new position.
+    ``(n, T_cached + n)`` causal mask, or None for one new position. Each
+    sublayer is ``x + F(LN(x))`` (pre-norm) or ``LN(x + F(x))`` (post-norm), as
+    in ``_Residual.forward``.
     """
     b, n, d = x.shape
     rows = x.reshape(b * n, d)  # (B n, d)
     mean = np.full(d, 1.0 / d, dtype=x.dtype)  # (d,), as LayerNorm's row means use it
     for block, cache in zip(model.layers, caches, strict=True):
-        attention, ffn = block.self_attention.layer, block.feed_forward.layer
-        rows = _sublayer(
-            block.self_attention,
-            rows,
-            lambda r, a=attention, c=cache.self_attention: _attention(a, r, b, n, c, mask),
-            mean,
-        )
-        rows = _sublayer(block.feed_forward, rows, lambda r, f=ffn: _feed_forward(f, r), mean)
+        attention, ffn = block.self_attention, block.feed_forward
+        inputs = _layer_norm(attention.norm, rows, mean) if attention.norm_first else rows
+        out = _attention(attention.layer, inputs, b, n, cache.self_attention, mask)
+        out += rows
+        rows = out if attention.norm_first else _layer_norm(attention.norm, out, mean)
+        inputs = _layer_norm(ffn.norm, rows, mean) if ffn.norm_first else rows
+        out = _feed_forward(ffn.layer, inputs)
+        out += rows
+        rows = out if ffn.norm_first else _layer_norm(ffn.norm, out, mean)
     return rows.reshape(b, n, d)
+
+
+def decode_step(
+    model: Any, tokens: np.ndarray, start: int, caches: list, mask: np.ndarray | None
+) -> np.ndarray:
+    """Logits ``(B, n, V)`` of checked ``tokens`` ``(B, n)`` at positions ``start ..``.
+
+    ``DecoderOnlyLM.step`` with its embedding, positions, blocks, final norm and
+    output layer in their own operations and order, without their checks or saved
+    state. Only for a model for which :func:`can_fuse` is true, and tokens and a
+    start the model has already checked.
+    """
+    b, n = tokens.shape
+    embedding = model.embedding
+    x = embedding.weight.value[tokens]  # (B, n, d), a fresh array, as Embedding.forward
+    if embedding.scale != 1.0:
+        x *= embedding.scale
+    table = _position_table(model.positions)
+    if table is not None:
+        x = x + table[start : start + n]
+    rows = decode_stack(model, x, caches, mask).reshape(b * n, -1)  # (B n, d)
+    if model.final_norm is not None:
+        rows = _layer_norm(
+            model.final_norm, rows, np.full(rows.shape[1], 1.0 / rows.shape[1], rows.dtype)
+        )
+    output = model.output
+    if isinstance(output, TiedOutputProjection):
+        logits = rows @ output.weight.value.T  # (B n, V)
+        if output.bias is not None:
+            logits += output.bias.value
+    else:
+        logits = _linear(rows, output.weight, output.bias)
+    return logits.reshape(b, n, -1)
+
+
+def _position_table(positions: Module | None) -> np.ndarray | None:
+    """The table a position layer adds rows of (None: no position layer)."""
+    if isinstance(positions, LearnedPositionalEmbedding):
+        return positions.weight.value
+    if isinstance(positions, SinusoidalPositionalEncoding):
+        return positions.table
+    return None

@@ -18,7 +18,7 @@ from tinyformer._validation import describe, generator, positive_int
 from tinyformer.blocks import DecoderBlock, DecoderCache
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
 from tinyformer.models._inputs import CausalMasks, check_ids, check_state
-from tinyformer.models._stack import can_fuse, decode_stack, make_positions, stack_backward
+from tinyformer.models._stack import can_fuse, decode_step, make_positions, stack_backward
 from tinyformer.models.config import DecoderOnlyConfig
 from tinyformer.models.state import DecodeState
 from tinyformer.module import Module
@@ -57,9 +57,9 @@ class DecoderOnlyLM(Module):
     """The model family, which tells the generation functions what ``start`` takes."""
 
     fused_decoding = True
-    """Let :meth:`step` run the blocks through the fused decode path when it applies
-    (``tinyformer.models._stack.decode_stack``): the same numbers to the last bit, less
-    overhead per token. ``False`` runs every block's own ``forward``."""
+    """Let :meth:`step` run through the fused decode path when it applies
+    (``tinyformer.models._stack.decode_step``): the same numbers to the last bit, less
+    overhead per token. ``False`` runs every layer's own ``forward``."""
 
     def __init__(self, config: DecoderOnlyConfig, *, rng: np.random.Generator) -> None:
         super().__init__()
@@ -166,11 +166,12 @@ class DecoderOnlyLM(Module):
         state = check_state(state, self, n, b)
         total = state.length + n
         mask = None if n == 1 else self._causal(n, total)  # (n, total)
-        x = self._embed(tokens, state.length)
         if self.fused_decoding and can_fuse(self):
-            x = decode_stack(self, x, state.caches, mask)  # (B, n, d)
+            logits = decode_step(self, tokens, state.length, state.caches, mask)  # (B, n, V)
         else:
+            x = self._embed(tokens, state.length)
             for block, cache in zip(self.layers, state.caches, strict=True):
                 x = block.forward(x, self_mask=mask, cache=cache)
+            logits = self._project(x)
         state.length = total
-        return self._project(x)
+        return logits
