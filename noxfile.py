@@ -36,6 +36,9 @@ PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 # store is safe for concurrent use), and computed once per version of the package.
 STORE = Path(os.environ.get("TINYFORMER_STORE", DOCS / "_build" / "experiments")).resolve()
 ENV = {"PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": "0", "TINYFORMER_STORE": str(STORE)}
+# Every conclusion a chapter asserts with tinyformer.claims.claim is appended here when its
+# chapter executes; the docs session lists them with their margins (see _report_claims).
+CLAIMS = BUILD / "claims.jsonl"
 # Builds and tests run two processes at a time (Sphinx's parallel readers, pytest-xdist) on
 # the two-core machines the book is built on; a BLAS that also starts a thread per core then
 # oversubscribes the CPU, which made single figure scripts 50x slower on a busy machine. They
@@ -161,7 +164,14 @@ def _kernel_quiet(session: nox.Session) -> None:
     )
 
 
-def _sphinx(session: nox.Session, builder: str, out: Path, *extra: str, **kw: object) -> None:
+def _sphinx(
+    session: nox.Session,
+    builder: str,
+    out: Path,
+    *extra: str,
+    env: dict | None = None,
+    **kw: object,
+) -> None:
     session.run(
         "sphinx-build",
         "--builder",
@@ -174,7 +184,7 @@ def _sphinx(session: nox.Session, builder: str, out: Path, *extra: str, **kw: ob
         str(DOCS),
         str(out),
         *extra,
-        env={**ENV, **ONE_THREAD},
+        env={**ENV, **ONE_THREAD, "TINYFORMER_CLAIMS_LOG": str(CLAIMS), **(env or {})},
         **kw,
     )
 
@@ -185,7 +195,8 @@ def docs(session: nox.Session) -> None:
 
     Chapters execute at build time and their results are cached in
     docs/_build/.jupyter_cache: an unchanged chapter is not run again unless
-    the tinyformer package changed. Pass ``-- -E`` to re-read every page.
+    the tinyformer package changed. Pass ``-- -E`` to re-read every page. The log
+    ends with every conclusion the chapters assert, with its margin.
     """
     _install_package(session, "docs")
     _kernel_quiet(session)
@@ -198,9 +209,66 @@ def docs(session: nox.Session) -> None:
     _sphinx(session, "html", HTML, *session.posargs)
     times["sphinx"] = time.perf_counter() - started
     _report_runs(session, offset)
+    _report_claims(session, CLAIMS)
     # benchmarks/bench_build.py reads this line
     session.log("timing: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in times.items()))
     session.log(f"The book is in {HTML / 'index.html'}")
+
+
+@nox.session(name="docs-perturbed")
+def docs_perturbed(session: nox.Session) -> None:
+    """Build the book from runs whose initial weights all moved by one ulp; every assertion must hold.
+
+    ``TINYFORMER_PERTURB=1`` moves every parameter of every stored run one unit in the
+    last place before training (the store keeps those results apart), and the strict
+    build executes every chapter afresh into its own folder (``<build>-perturbed``), so
+    no conclusion can rest on a knife edge that a last-bit change would flip. The
+    figures are not redrawn. Not part of CI: run it before calling the book's
+    conclusions true.
+    """
+    _install_package(session, "docs")
+    _kernel_quiet(session)
+    build = BUILD.with_name(BUILD.name + "-perturbed")
+    claims = build / "claims.jsonl"
+    env = {
+        "TINYFORMER_PERTURB": "1",
+        "BOOK_BUILD": str(build),
+        "TINYFORMER_CLAIMS_LOG": str(claims),
+    }
+    started = time.perf_counter()
+    session.run(
+        "python", "-m", "tinyformer.experiments", "--book", "--jobs", "2", env={**ENV, **env}
+    )
+    _sphinx(session, "html", build / "html", "-E", *session.posargs, env=env)
+    _report_claims(session, claims)
+    session.log(
+        f"perturbed build passed in {time.perf_counter() - started:.0f} s: {build / 'html'}"
+    )
+
+
+def _report_claims(session: nox.Session, log: Path) -> None:
+    """List every conclusion checked (the latest check of each), the narrowest margins first.
+
+    ``room`` is how far the measured value lies beyond its bound; ``margin`` what the
+    chapter required (at least the measurement's own spread). A chapter taken from the
+    execution cache did not run, so its claims are those of its last execution.
+    """
+    if not log.is_file():
+        session.log("claims: none recorded (no chapter executed)")
+        return
+    latest = {}
+    for line in log.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            latest[row["statement"]] = row
+    rows = sorted(latest.values(), key=lambda r: r["room"] / r["margin"] if r["margin"] else 1e300)
+    session.log(f"claims: {len(rows)} conclusions asserted with a margin (narrowest first)")
+    for r in rows:
+        ratio = f"{r['room'] / r['margin']:7.1f}x" if r["margin"] else "    n/a"
+        session.log(
+            f"  room {r['room']:.3g} >= margin {r['margin']:.3g} ({ratio}): {r['statement']}"
+            f" [{r['value']:.6g} {r['relation']} {r['bound']:.6g}]"
+        )
 
 
 @nox.session
@@ -307,9 +375,14 @@ def browser(session: nox.Session) -> None:
 
 @nox.session(venv_backend="virtualenv")
 def benchmarks(session: nox.Session) -> None:
-    """Time tinyformer against PyTorch's CPU build, side by side, and print the ratios."""
+    """Time tinyformer against PyTorch's CPU build, side by side, and print the ratios.
+
+    ``nox -s benchmarks -- --quick`` takes fewer repeats. Two scripts run on their own:
+    ``bench_build.py`` times ``nox -s docs`` itself, and ``bench_versions.py`` compares
+    two source trees of tinyformer (``--old`` and ``--new``).
+    """
     _install_package(session, "reference")
+    on_their_own = {"bench_build.py", "bench_versions.py"}
     for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
-        if script.name == "bench_build.py":  # times nox -s docs itself: run it on its own
-            continue
-        session.run("python", str(script), *session.posargs, env=ENV)
+        if script.name not in on_their_own:
+            session.run("python", str(script), *session.posargs, env=ENV)

@@ -2,28 +2,38 @@
 
 BLAS reads its thread count (and OpenBLAS its kernel choice) when NumPy loads, so
 each setting runs the benchmark script again as a child with ``--child`` and the
-environment fixed. The child prints one JSON line of settings, then one JSON
-line per timed row; :func:`run_setting` collects them. Inside a child,
+environment fixed. The child prints one JSON line of settings
+(:func:`blas_settings`: NumPy's BLAS, the kernels it chose, its threads), then
+one JSON line per timed row; :func:`run_setting` collects them. Inside a child,
 :func:`time_side_by_side` times two contenders: in alternation at one thread, so
 slow phases of a shared machine fall on both, and one after the other at more
 threads, so that neither runs while the other's idle threads still hold a core.
+Nothing here imports PyTorch or tinyformer, so a child may run any version of
+tinyformer (``bench_versions.py`` puts a source tree on ``PYTHONPATH``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+try:
+    from threadpoolctl import threadpool_info
+except ImportError:  # optional: without it the settings come from OpenBLAS itself
+    threadpool_info = None
 
 
 def cpuinfo(field: str) -> str:
@@ -36,6 +46,51 @@ def cpuinfo(field: str) -> str:
         if line.startswith(field):
             return line.split(":", 1)[1].strip()
     return ""
+
+
+def _openblas_library() -> ctypes.CDLL | None:
+    """NumPy's OpenBLAS, found among the loaded libraries (Linux), or None."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    paths = sorted({ln.split()[-1] for ln in maps if "openblas" in ln.lower() and "/" in ln})
+    return ctypes.CDLL(paths[0]) if paths else None
+
+
+def _openblas_call(lib: ctypes.CDLL | None, stem: str) -> str:
+    """Call ``openblas_<stem>`` under any of its exported spellings."""
+    if lib is None:
+        return "unknown"
+    for name in (f"scipy_openblas_{stem}64_", f"openblas_{stem}64_", f"openblas_{stem}"):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = ctypes.c_char_p if "thread" not in stem else ctypes.c_int
+            value = fn()
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return "unknown"
+
+
+def blas_settings() -> dict[str, str]:
+    """What this process runs on: NumPy, its BLAS, the kernels that BLAS chose and its threads."""
+    info: dict[str, str] = {"python": platform.python_version(), "numpy": np.__version__}
+    if threadpool_info is not None:
+        for pool in threadpool_info():
+            key = f"threadpoolctl {pool.get('internal_api')} ({Path(pool['filepath']).name})"
+            info[key] = (
+                f"version {pool.get('version')}, threads {pool.get('num_threads')},"
+                f" architecture {pool.get('architecture')}"
+            )
+    else:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        lib = _openblas_library()
+        info["numpy BLAS (np.show_config)"] = f"{blas['name']} {blas['version']}"
+        info["OpenBLAS config"] = _openblas_call(lib, "get_config")
+        info["OpenBLAS kernels in use (core name)"] = _openblas_call(lib, "get_corename")
+        info["OpenBLAS threads"] = _openblas_call(lib, "get_num_threads")
+    for var in ("OPENBLAS_CORETYPE", *THREAD_VARIABLES):
+        info[var] = os.environ.get(var, "(unset)")
+    return info
 
 
 def time_alternately(
@@ -111,21 +166,20 @@ def run_setting(
     threads: int,
     coretype: str | None = None,
     label: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    show_settings: bool = True,
 ) -> list[dict]:
     """Run ``script --child *child_args`` with ``threads`` BLAS threads; return its rows.
 
     ``OPENBLAS_CORETYPE`` is set to ``coretype``, or removed so that OpenBLAS
-    chooses its kernels itself. The child's settings are printed under
-    ``label``; a child that fails is reported (with its signal or last line of
-    error output) and gives no rows.
+    chooses its kernels itself; ``extra_env`` adds or replaces variables (such
+    as ``PYTHONPATH``). The child's settings are printed under ``label``
+    (unless ``show_settings`` is false); a child that fails is reported (with
+    its signal or last line of error output) and gives no rows.
     """
     label = label or f"threads={threads}"
-    env = dict(os.environ)
-    for var in THREAD_VARIABLES:
-        env[var] = str(threads)
-    env.pop("OPENBLAS_CORETYPE", None)
-    if coretype is not None:
-        env["OPENBLAS_CORETYPE"] = coretype
+    env = child_env(threads, coretype)
+    env.update(extra_env or {})
     command = [sys.executable, script, "--child", *child_args]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -136,10 +190,20 @@ def run_setting(
         print(f"\nSetting failed ({label}): {reason}")
         return []
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    print(f"\nSettings: {label}")
-    for key, value in lines[0]["settings"].items():
-        print(f"  {key}: {value}")
+    if show_settings:
+        print(f"\nSettings: {label}")
+        for key, value in lines[0]["settings"].items():
+            print(f"  {key}: {value}")
     return lines[1:]
+
+
+def child_env(threads: int, coretype: str | None = None) -> dict[str, str]:
+    """The environment of a child: ``threads`` BLAS threads, ``OPENBLAS_CORETYPE`` set or removed."""
+    env = dict(os.environ, **dict.fromkeys(THREAD_VARIABLES, str(threads)))
+    env.pop("OPENBLAS_CORETYPE", None)
+    if coretype is not None:
+        env["OPENBLAS_CORETYPE"] = coretype
+    return env
 
 
 def matmul_peak(dtype_name: str, repeats: int = 9) -> float:
@@ -161,8 +225,6 @@ def run_or_profile(
     """:func:`run_setting`, or with ``profile`` the child's profile printed straight to the terminal."""
     if not profile:
         return run_setting(script, child_args, threads=threads)
-    env = dict(os.environ, **dict.fromkeys(THREAD_VARIABLES, str(threads)))
-    env.pop("OPENBLAS_CORETYPE", None)
     command = [sys.executable, script, "--child", *child_args, "--profile", profile]
-    subprocess.run(command, env=env, check=True)
+    subprocess.run(command, env=child_env(threads), check=True)
     return []

@@ -7,8 +7,14 @@ the same model written as a small eager module here (``TorchDecoderLM``;
 ``nn.TransformerEncoderLayer`` has no cache), with a key/value cache of its
 own: one preallocated ``(B, h, context, d_k)`` tensor per layer for the keys
 and one for the values, the new positions written in place, attention by
-``F.scaled_dot_product_attention``. tinyformer's weights are copied in
-(our fused ``w_qkv`` is ``(d, 3d)``; a torch ``Linear`` weight is ``(out, in)``).
+``F.scaled_dot_product_attention``. tinyformer's weights are copied in (our
+``Linear`` weights are ``(in, out)``, a torch ``Linear`` weight is ``(out, in)``;
+PyTorch's side projects queries, keys and values with one ``Linear`` whose
+weight stacks our three, as ``nn.MultiheadAttention`` does).
+
+tinyformer decodes with ``DecoderOnlyLM.step``: the decoder stack's own
+``forward`` with each block's key/value cache, under ``no_grad`` (no state kept
+for a backward pass), the same layers training runs.
 
 Both sides do the same work per generated token: feed the prompt (16 tokens)
 once, then one token at a time; take the argmax of the last position's logits
@@ -59,7 +65,7 @@ from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import cpuinfo, run_or_profile, time_side_by_side
-from bench_encoder_block import blas_settings
+from bench_encoder_block import in_proj_bias, in_proj_weight, torch_settings
 from bench_kv_cache import BATCHES, MODEL, NEW_TOKENS, PROMPT_LENGTH, compare
 
 DTYPES = ["float32", "float64"]
@@ -92,10 +98,11 @@ class TorchBlock(torch.nn.Module):
         self.fc2 = torch.nn.Linear(d_ff, d_model, dtype=dtype)
 
     def copy_from(self, ours) -> None:
-        """Copy a tinyformer ``DecoderBlock`` (pre-norm, no cross-attention)."""
+        """Copy a tinyformer ``TransformerBlock`` (pre-norm, no cross-attention)."""
         attention, ffn = ours.self_attention.layer, ours.feed_forward.layer
-        _copy_linear(self.qkv, attention.w_qkv.value, attention.b_qkv.value)
-        _copy_linear(self.out, attention.w_out.value, attention.b_out.value)
+        _copy(self.qkv.weight, in_proj_weight(attention))  # (3d, d)
+        _copy(self.qkv.bias, in_proj_bias(attention))
+        _copy_linear(self.out, attention.out_proj.weight.value, attention.out_proj.bias.value)
         _copy_linear(self.fc1, ffn.linear_in.weight.value, ffn.linear_in.bias.value)
         _copy_linear(self.fc2, ffn.linear_out.weight.value, ffn.linear_out.bias.value)
         for norm, residual in ((self.norm1, ours.self_attention), (self.norm2, ours.feed_forward)):
@@ -138,12 +145,13 @@ class TorchDecoderLM(torch.nn.Module):
             TorchBlock(c.d_model, c.n_heads, c.d_ff, self.dtype) for _ in range(c.n_layers)
         )
         self.final_norm = torch.nn.LayerNorm(c.d_model, dtype=self.dtype)
-        _copy(self.embedding.weight, ours.embedding.weight.value)
-        _copy(self.positions, ours.positions.weight.value)
-        for theirs_block, ours_block in zip(self.layers, ours.layers, strict=True):
+        stack = ours.decoder
+        _copy(self.embedding.weight, stack.embedding.weight.value)
+        _copy(self.positions, stack.positions.weight.value)
+        for theirs_block, ours_block in zip(self.layers, stack.layers, strict=True):
             theirs_block.copy_from(ours_block)
-        _copy(self.final_norm.weight, ours.final_norm.gain.value)
-        _copy(self.final_norm.bias, ours.final_norm.bias.value)
+        _copy(self.final_norm.weight, stack.final_norm.gain.value)
+        _copy(self.final_norm.bias, stack.final_norm.bias.value)
 
     def new_cache(self, batch: int) -> list:
         """Keys and values ``(B, h, context, d_k)`` per layer, and the number of positions held."""
@@ -239,7 +247,7 @@ def run_child(repeats: int, speed_up_repeats: int, profile: str | None) -> None:
     if profile:
         _profile(*profile.split(":"))
         return
-    print(json.dumps({"settings": blas_settings()}), flush=True)
+    print(json.dumps({"settings": torch_settings()}), flush=True)
     for dtype_name in DTYPES:
         for batch in BATCHES:
             ours, theirs, prompt = _make_pair(dtype_name, batch)

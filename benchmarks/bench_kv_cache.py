@@ -1,7 +1,9 @@
 """Time greedy generation with and without the key/value cache for a decoder-only model.
 
 With the cache (``use_cache=True``) the prompt is fed once and every later step
-feeds one token, attending to the cached keys and values: step ``t`` costs
+feeds one token through the same layers (``DecoderOnlyLM.step``: the stack's
+``forward`` with each block's cache, under ``no_grad``), attending to the cached
+keys and values: step ``t`` costs
 :math:`O(t)` attention and :math:`O(1)` everything else. Without it
 (``use_cache=False``) every step runs the model over the whole prefix again, so
 generating :math:`n` tokens costs :math:`O(n^2)` projections and feed-forward
@@ -23,10 +25,9 @@ import argparse
 import json
 import os
 import platform
-from pathlib import Path
 
 import numpy as np
-from _harness import THREAD_VARIABLES, run_setting, time_alternately
+from _harness import blas_settings, cpuinfo, run_setting, time_alternately
 
 from tinyformer.generation import greedy
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
@@ -42,32 +43,6 @@ MODEL = {
 PROMPT_LENGTH = 16
 NEW_TOKENS = [64, 128, 256]
 BATCHES = [1, 8]
-
-try:
-    from threadpoolctl import threadpool_info
-except ImportError:  # optional: without it the script reports NumPy's build configuration
-    threadpool_info = None
-
-
-def settings() -> dict[str, str]:
-    """Versions, BLAS and thread settings of this process."""
-    info = {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "machine": platform.machine(),
-    }
-    if threadpool_info is not None:
-        for pool in threadpool_info():
-            info[f"BLAS ({Path(pool['filepath']).name})"] = (
-                f"{pool.get('internal_api')} {pool.get('version')}, threads"
-                f" {pool.get('num_threads')}, architecture {pool.get('architecture')}"
-            )
-    else:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        info["BLAS (np.show_config)"] = f"{blas['name']} {blas['version']}"
-    for var in ("OPENBLAS_CORETYPE", *THREAD_VARIABLES):
-        info[var] = os.environ.get(var, "(unset)")
-    return info
 
 
 def compare(model: DecoderOnlyLM, prompt: np.ndarray, new_tokens: int, repeats: int) -> dict:
@@ -98,7 +73,7 @@ def compare(model: DecoderOnlyLM, prompt: np.ndarray, new_tokens: int, repeats: 
 
 def run_child(repeats: int, dtype: str) -> None:
     """Time every batch size and length in this process; print one JSON line each."""
-    print(json.dumps({"settings": settings()}), flush=True)
+    print(json.dumps({"settings": blas_settings()}), flush=True)
     config = DecoderOnlyConfig(**MODEL, dtype=dtype)
     model = DecoderOnlyLM(config, rng=np.random.default_rng(0))
     model.eval()
@@ -154,7 +129,7 @@ def main() -> None:
     print("Greedy generation with and without the KV cache: tinyformer DecoderOnlyLM (NumPy)")
     model = ", ".join(f"{k}={v}" for k, v in MODEL.items())
     print(f"Model: {model}, dtype={args.dtype}; prompt of {PROMPT_LENGTH} tokens, no EOS stop")
-    print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores")
+    print(f"CPU: {cpuinfo('model name') or platform.machine()}, {os.cpu_count()} logical cores")
     rows = []
     for threads in args.threads:
         rows += _run_setting(threads, args)

@@ -24,8 +24,8 @@ import os
 import platform
 
 import numpy as np
-from _harness import run_setting, time_alternately
-from bench_kv_cache import MODEL, PROMPT_LENGTH, settings
+from _harness import blas_settings, cpuinfo, run_setting, time_alternately
+from bench_kv_cache import MODEL, PROMPT_LENGTH
 
 from tinyformer.generation import greedy
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
@@ -37,7 +37,7 @@ BATCHES = [1, 8]
 
 def run_child(repeats: int, per_channel: bool) -> None:
     """Time every batch size and length in this process; print one JSON line each."""
-    print(json.dumps({"settings": settings()}), flush=True)
+    print(json.dumps({"settings": blas_settings()}), flush=True)
     model = DecoderOnlyLM(
         DecoderOnlyConfig(**MODEL, dtype="float32"), rng=np.random.default_rng(0)
     )
@@ -122,7 +122,7 @@ def main() -> None:
     model = ", ".join(f"{k}={v}" for k, v in MODEL.items())
     scheme = "per tensor" if args.per_tensor else "per output channel"
     print(f"Model: {model}; int8 {scheme}; prompt of {PROMPT_LENGTH} tokens, no EOS stop")
-    print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores")
+    print(f"CPU: {cpuinfo('model name') or platform.machine()}, {os.cpu_count()} logical cores")
     child_args = ["--repeats", str(args.repeats)] + (["--per-tensor"] if args.per_tensor else [])
     rows = []
     for threads in args.threads:

@@ -81,7 +81,7 @@ def _step(d_model: int, n_heads: int, batch: int, context: int, dtype: str):
 
 def run_child(repeats: int, dtype: str) -> None:
     """Time every size at one thread and at every core, alternating; print JSON rows."""
-    retain_freed_memory()  # as the Trainer does
+    retain_freed_memory()  # as bench_training_step.py, and Trainer(retain_memory=True)
     cores = os.cpu_count() or 1
     pools = [f"{p['internal_api']} {p.get('architecture')}" for p in threadpool_info()]
     print(json.dumps({"settings": {"BLAS": ", ".join(pools), "cores": str(cores)}}), flush=True)

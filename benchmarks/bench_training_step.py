@@ -1,35 +1,31 @@
-"""Time one full training step of both model families: tinyformer (NumPy) against PyTorch on CPU.
+"""Time one full training step of each model family: tinyformer (NumPy) against PyTorch on CPU.
 
 One step is what the training loop does per batch: forward, mean cross-entropy
 (padding ignored), backward, and an AdamW update, after clearing the
-gradients. PyTorch runs the same model: built from ``nn.TransformerEncoderLayer``
+gradients. PyTorch runs the same model, built from ``nn.TransformerEncoderLayer``
 and ``nn.TransformerDecoderLayer`` (no dropout, batch first), with tinyformer's
-initial weights copied in, the same batch, the same dtype and the same thread
-count, in the same process. The script checks that both give the same logits
-before timing and again after all the timed steps (which also checks that the
-two AdamW updates agree). In float64 the two stay within about 1e-13 after all
-the steps; in float32 they drift apart by order 1 after some 50 updates, and
-each library drifts as far from its own float64 run: rounding differences
-amplified by training on one fixed batch, not a difference in the computation.
+initial weights copied in (our ``q_proj``, ``k_proj`` and ``v_proj`` weights
+``(d_in, d_out)``, transposed and stacked, are PyTorch's ``in_proj_weight``),
+the same batch, the same dtype and the same thread count, in the same process.
+The script checks that both give the same logits before timing and again after
+all the timed steps (which also checks that the two AdamW updates agree). In
+float64 the two stay within about 1e-13 after all the steps; in float32 they
+drift apart by order 1 after some 50 updates, and each library drifts as far
+from its own float64 run: rounding differences amplified by training on one
+fixed batch, not a difference in the computation.
 
-Sizes are the book's:
-
-- encoder-decoder: vocabularies of 14 (10 symbols + 4 specials), d_model=64,
-  4 heads, d_ff=256, 2 + 2 post-norm layers, sinusoidal positions, tied output,
-  batch 64, source length 8, decoder length 9;
-- decoder-only: vocabulary 16, d_model=64, 4 heads, d_ff=256, 2 pre-norm layers
-  with a final LayerNorm, GELU, learned positions, tied output, context 64, batch 32;
-- and, as a diagnostic, the same decoder-only model with the tanh approximation
-  of GELU on both sides ("decoder-only tanh"): NumPy has no error function, so
-  tinyformer's exact GELU evaluates erf with its own vectorized Taylor table
-  (``tinyformer.functional``), the dearest elementwise step of the model; this
-  row shows what the rest of the step costs.
+The models, batches and losses are the book's sizes, in ``_workloads.py``:
+the encoder-decoder, the decoder-only model (exact GELU, and as a diagnostic
+with the tanh approximation on both sides: "decoder-only tanh") and the
+encoder-only masked language model.
 
 BLAS threads must be fixed before NumPy loads, so each thread count runs in a
 child process with ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS``
-set and ``torch.set_num_threads`` called. The child process is set up as
-tinyformer's ``Trainer`` sets up its own (``tinyformer.runtime.retain_freed_memory``:
-freed memory is kept for reuse), which serves both libraries alike. At one thread
+set and ``torch.set_num_threads`` called. The child process keeps freed memory
+for reuse (``tinyformer.runtime.retain_freed_memory``, what
+``Trainer(..., retain_memory=True)`` asks for), which serves both libraries alike;
+``--system-allocator`` leaves glibc's allocator as it is, as the ``Trainer`` does
+by default. At one thread
 the two are timed in alternation, repeat after repeat; at more, one after the
 other with a pause between, so that neither library's idle threads spin on a core
 the other needs (``_harness.time_side_by_side``). Medians are reported, and the
@@ -66,24 +62,16 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from tinyformer.cost import count_matmuls
-from tinyformer.losses import cross_entropy
-from tinyformer.models import (
-    DecoderOnlyConfig,
-    DecoderOnlyLM,
-    EncoderDecoder,
-    EncoderDecoderConfig,
-)
-from tinyformer.optim import AdamW
+from tinyformer.models import DecoderOnlyLM, EncoderDecoder, EncoderOnlyMLM
 from tinyformer.positional import sinusoidal_encoding
 from tinyformer.runtime import retain_freed_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import cpuinfo, matmul_peak, run_or_profile, time_side_by_side
-from bench_encoder_block import blas_settings
+from _workloads import FAMILIES, LEARNING_RATE, PAD, training_batch, training_model, training_step
+from bench_encoder_block import in_proj_bias, in_proj_weight, torch_settings
 
-PAD, BOS = 0, 1
 DTYPES = ["float32", "float64"]
-FAMILIES = ["encoder-decoder", "decoder-only", "decoder-only tanh"]
 
 
 # ------------------------------------------------------------ PyTorch models
@@ -93,19 +81,19 @@ def _copy(target: torch.Tensor, value: np.ndarray) -> None:
 
 
 def _copy_attention(theirs: torch.nn.MultiheadAttention, residual) -> None:
-    """Our fused ``w_qkv`` (d, 3d) is PyTorch's ``in_proj_weight`` (3d, d) transposed."""
+    """Our ``q_proj``, ``k_proj``, ``v_proj`` ``(d, d)`` transposed and stacked: ``in_proj_weight``."""
     layer = residual.layer
-    _copy(theirs.in_proj_weight, layer.w_qkv.value.T)
-    _copy(theirs.in_proj_bias, layer.b_qkv.value)
-    _copy(theirs.out_proj.weight, layer.w_out.value.T)
-    _copy(theirs.out_proj.bias, layer.b_out.value)
+    _copy(theirs.in_proj_weight, in_proj_weight(layer))
+    _copy(theirs.in_proj_bias, in_proj_bias(layer))
+    _copy(theirs.out_proj.weight, layer.out_proj.weight.value.T)
+    _copy(theirs.out_proj.bias, layer.out_proj.bias.value)
 
 
 def _copy_block(theirs: torch.nn.Module, ours) -> None:
-    """Copy an encoder or decoder block (norm1/2/3 follow the sub-layers' order)."""
+    """Copy a ``TransformerBlock`` (norm1/2/3 follow the sub-layers' order)."""
     residuals = [ours.self_attention]
     _copy_attention(theirs.self_attn, ours.self_attention)
-    if getattr(ours, "cross_attention", None) is not None:
+    if ours.cross_attention is not None:
         _copy_attention(theirs.multihead_attn, ours.cross_attention)
         residuals.append(ours.cross_attention)
     residuals.append(ours.feed_forward)
@@ -159,11 +147,11 @@ class TorchEncoderDecoder(torch.nn.Module):
         )
         table = sinusoidal_encoding(c.context_length, c.d_model, dtype=c.dtype)
         self.register_buffer("positions", torch.from_numpy(table))
-        _copy(self.source_embedding.weight, ours.source_embedding.weight.value)
-        _copy(self.target_embedding.weight, ours.target_embedding.weight.value)
-        for theirs_block, ours_block in zip(self.encoder, ours.encoder_layers, strict=True):
+        _copy(self.source_embedding.weight, ours.encoder.embedding.weight.value)
+        _copy(self.target_embedding.weight, ours.decoder.embedding.weight.value)
+        for theirs_block, ours_block in zip(self.encoder, ours.encoder.layers, strict=True):
             _copy_block(theirs_block, ours_block)
-        for theirs_block, ours_block in zip(self.decoder, ours.decoder_layers, strict=True):
+        for theirs_block, ours_block in zip(self.decoder, ours.decoder.layers, strict=True):
             _copy_block(theirs_block, ours_block)
 
     def forward(self, source: torch.Tensor, decoder_input: torch.Tensor) -> torch.Tensor:
@@ -179,33 +167,38 @@ class TorchEncoderDecoder(torch.nn.Module):
         return y @ self.target_embedding.weight.T
 
 
-class TorchDecoderOnly(torch.nn.Module):
-    """The pre-norm decoder-only model of the benchmark (learned positions, tied), in PyTorch."""
+class TorchStackLM(torch.nn.Module):
+    """A pre-norm stack with learned positions and a tied output, in PyTorch.
 
-    def __init__(self, ours: DecoderOnlyLM) -> None:
+    Causal, it is the benchmark's decoder-only model; with every position
+    seeing every other, its encoder-only model.
+    """
+
+    def __init__(self, ours: DecoderOnlyLM | EncoderOnlyMLM, *, causal: bool) -> None:
         super().__init__()
-        c = ours.config
+        c, stack = ours.config, ours.decoder if causal else ours.encoder
         dtype = getattr(torch, c.dtype)
+        self.causal = causal
         self.embedding = torch.nn.Embedding(c.vocab_size, c.d_model, dtype=dtype)
         self.positions = torch.nn.Parameter(torch.empty(c.context_length, c.d_model, dtype=dtype))
         self.layers = torch.nn.ModuleList(
             torch.nn.TransformerEncoderLayer(**_layer_options(c, dtype)) for _ in range(c.n_layers)
         )
         self.final_norm = torch.nn.LayerNorm(c.d_model, dtype=dtype)
-        _copy(self.embedding.weight, ours.embedding.weight.value)
-        _copy(self.positions, ours.positions.weight.value)
-        for theirs_block, ours_block in zip(self.layers, ours.layers, strict=True):
+        _copy(self.embedding.weight, stack.embedding.weight.value)
+        _copy(self.positions, stack.positions.weight.value)
+        for theirs_block, ours_block in zip(self.layers, stack.layers, strict=True):
             _copy_block(theirs_block, ours_block)
-        _copy(self.final_norm.weight, ours.final_norm.gain.value)
-        _copy(self.final_norm.bias, ours.final_norm.bias.value)
+        _copy(self.final_norm.weight, stack.final_norm.gain.value)
+        _copy(self.final_norm.bias, stack.final_norm.bias.value)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Causal logits ``(B, T, V)``."""
+        """Logits ``(B, T, V)``."""
         t = ids.shape[1]
-        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool).triu(1) if self.causal else None
         x = self.embedding(ids) + self.positions[:t]
         for layer in self.layers:
-            x = layer(x, src_mask=causal)
+            x = layer(x, src_mask=mask)
         return self.final_norm(x) @ self.embedding.weight.T
 
 
@@ -213,52 +206,16 @@ class TorchDecoderOnly(torch.nn.Module):
 def _make_pair(family: str, dtype_name: str):
     """Two step functions (ours, theirs) over the same model, batch and optimizer settings."""
     rng = np.random.default_rng(0)
+    ours = training_model(family, dtype_name, rng)
+    inputs, target = training_batch(family, rng)
     if family == "encoder-decoder":
-        config = EncoderDecoderConfig(
-            src_vocab_size=14,
-            tgt_vocab_size=14,
-            d_model=64,
-            n_heads=4,
-            d_ff=256,
-            n_encoder_layers=2,
-            n_decoder_layers=2,
-            norm_first=False,
-            dtype=dtype_name,
-        )
-        ours = EncoderDecoder(config, rng=rng)
         theirs = TorchEncoderDecoder(ours)
-        source = rng.integers(4, 14, (64, 8))
-        target = rng.integers(4, 14, (64, 9))  # labels; the decoder reads them shifted right
-        decoder_input = np.concatenate([np.full((64, 1), BOS), target[:, :-1]], axis=1)
-        inputs = (source, decoder_input)
     else:
-        config = DecoderOnlyConfig(
-            vocab_size=16,
-            d_model=64,
-            n_heads=4,
-            d_ff=256,
-            n_layers=2,
-            context_length=64,
-            norm_first=True,
-            activation="gelu_tanh" if family.endswith("tanh") else "gelu",
-            dtype=dtype_name,
-        )
-        ours = DecoderOnlyLM(config, rng=rng)
-        theirs = TorchDecoderOnly(ours)
-        tokens = rng.integers(0, 16, (32, 65))
-        inputs, target = (tokens[:, :-1],), tokens[:, 1:]
-    ours_optimizer = AdamW(ours.parameters(), lr=1e-3)
-    theirs_optimizer = torch.optim.AdamW(theirs.parameters(), lr=1e-3)
+        theirs = TorchStackLM(ours, causal=family.startswith("decoder-only"))
+    step_ours = training_step(ours, inputs, target)
+    theirs_optimizer = torch.optim.AdamW(theirs.parameters(), lr=LEARNING_RATE)
     inputs_torch = tuple(torch.from_numpy(x) for x in inputs)
     target_torch = torch.from_numpy(target.reshape(-1))
-
-    def step_ours() -> float:
-        ours_optimizer.zero_grad()
-        logits = ours.forward(*inputs)
-        loss, grad = cross_entropy(logits, target, ignore_index=PAD)
-        ours.backward(grad)
-        ours_optimizer.step()
-        return loss
 
     def step_theirs() -> float:
         theirs_optimizer.zero_grad()
@@ -278,15 +235,15 @@ def _make_pair(family: str, dtype_name: str):
     return step_ours, step_theirs, difference, ours
 
 
-def run_child(repeats: int, profile: str | None) -> None:
+def run_child(repeats: int, profile: str | None, *, system_allocator: bool) -> None:
     """Time every family and dtype in this process; print one JSON line each."""
     threads = int(os.environ["OMP_NUM_THREADS"])
     torch.set_num_threads(threads)
-    retained = retain_freed_memory()
+    retained = False if system_allocator else retain_freed_memory()
     if profile:
         _profile(*profile.split(":"))
         return
-    settings = blas_settings()
+    settings = torch_settings()
     settings["freed memory kept for reuse (glibc)"] = str(retained)
     peaks = {dtype_name: matmul_peak(dtype_name) for dtype_name in DTYPES}
     for dtype_name, peak in peaks.items():
@@ -334,6 +291,7 @@ def _profile(family: str, dtype_name: str) -> None:
 # -------------------------------------------------------------------- parent
 def _run_setting(threads: int, args: argparse.Namespace) -> list[dict]:
     child_args = ["--repeats", str(args.repeats)]
+    child_args += ["--system-allocator"] if args.system_allocator else []
     return run_or_profile(__file__, child_args, threads=threads, profile=args.profile)
 
 
@@ -371,6 +329,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=51)
     parser.add_argument("--quick", action="store_true", help="7 repeats")
     parser.add_argument(
+        "--system-allocator",
+        action="store_true",
+        help="leave glibc's allocator alone (the Trainer's default) instead of keeping freed memory",
+    )
+    parser.add_argument(
         "--profile",
         metavar="FAMILY:DTYPE",
         help="profile tinyformer instead of timing, e.g. decoder-only:float32",
@@ -379,7 +342,7 @@ def main() -> None:
     if args.quick:
         args.repeats = 7
     if args.child:
-        run_child(args.repeats, args.profile)
+        run_child(args.repeats, args.profile, system_allocator=args.system_allocator)
         return
     print("One training step (forward, cross-entropy, backward, AdamW): tinyformer vs PyTorch")
     print(f"CPU: {cpuinfo('model name') or platform.machine()}, {os.cpu_count()} logical cores")

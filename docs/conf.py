@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jupyter_cache import get_cache
 
-from tinyformer.experiments import source_digest
+from tinyformer.experiments import package_digest
 
 DOCS = Path(__file__).resolve().parent
 SRC = DOCS.parent / "src" / "tinyformer"
@@ -91,7 +91,7 @@ def _execution_cache() -> str:
     workers, stops two workers from creating it at the same moment.
     """
     root = BUILD / ".jupyter_cache"
-    current = root / source_digest()
+    current = root / package_digest()
     if root.is_dir():
         for old in root.iterdir():
             if old != current and old.is_dir():

@@ -34,13 +34,13 @@ def head_weights(model, source: np.ndarray, target: np.ndarray) -> dict[str, lis
     model.forward(batch.source_ids, batch.decoder_input_ids)
     return {
         "encoder self-attention": [
-            b.self_attention.layer.attention_weights[0] for b in model.encoder_layers
+            b.self_attention.layer.attention_weights[0] for b in model.encoder.layers
         ],
         "decoder self-attention": [
-            b.self_attention.layer.attention_weights[0] for b in model.decoder_layers
+            b.self_attention.layer.attention_weights[0] for b in model.decoder.layers
         ],
         "cross-attention": [
-            b.cross_attention.layer.attention_weights[0] for b in model.decoder_layers
+            b.cross_attention.layer.attention_weights[0] for b in model.decoder.layers
         ],
     }
 
@@ -62,7 +62,7 @@ def main() -> None:
         "decoder self-attention": (decoder_labels, decoder_labels),
         "cross-attention": (decoder_labels, source_labels),
     }
-    n_layers = len(model.encoder_layers)
+    n_layers = len(model.encoder.layers)
     n_heads = model.config.n_heads
     fig, axes = new_figure(3 * n_layers, n_heads, height=13.0)
     row = 0

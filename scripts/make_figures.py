@@ -26,7 +26,7 @@ from pathlib import Path
 import matplotlib as mpl
 import numpy as np
 
-from tinyformer.experiments import source_digest
+from tinyformer.experiments import package_digest
 
 HERE = Path(__file__).resolve().parent
 
@@ -64,8 +64,10 @@ def _run(script: Path, folder: Path) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415 (after the backend is chosen)
 
     mpl.rcdefaults()  # no style leaks from one script into the next
-    spec = importlib.util.spec_from_file_location(f"_figure_{script.stem}", script)
+    name = f"_figure_{script.stem}"
+    spec = importlib.util.spec_from_file_location(name, script)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import would: dataclasses and pickling look it up
     argv = sys.argv
     sys.argv = [str(script), "--out-dir", str(folder)]
     try:
@@ -73,6 +75,7 @@ def _run(script: Path, folder: Path) -> None:
         module.main()
     finally:
         sys.argv = argv
+        sys.modules.pop(name, None)
         plt.close("all")
 
 
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     made: set[str] = set()
     ran = changed = 0
     started = time.perf_counter()
-    versions = f"{source_digest()} numpy {np.__version__} mpl {mpl.__version__}"  # hashed once
+    versions = f"{package_digest()} numpy {np.__version__} mpl {mpl.__version__}"  # hashed once
     for script in scripts:
         stamp = args.stamps / f"{script.stem}.json"
         inputs = _inputs(script, versions)

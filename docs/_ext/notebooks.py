@@ -4,7 +4,7 @@ For each page that myst-nb reads as a notebook, the page's source is converted w
 myst-nb's own reader (the conversion the build executes) and written, without outputs, to
 ``_sources/<page>.ipynb`` beside the page's Markdown source; ``ipynb_source`` in the page's
 context makes sphinx-book-theme's download button list it. The notebook runs top to bottom
-with ``tinyformer`` installed (``pip install -e .`` in the repository, with matplotlib):
+with ``tinyformer`` installed (``pip install -e '.[book]'`` in the repository):
 the chapters' ``from myst_nb import glue`` (which stores values for the book's prose) gets a
 stand-in that shows the value when myst-nb is not installed.
 """
@@ -21,8 +21,10 @@ from sphinx.application import Sphinx
 GLUE_IMPORT = "from myst_nb import glue"
 PREAMBLE_MD = """\
 *This notebook is a page of the book* Understanding Transformers. *It runs top to bottom with
-`tinyformer` installed (from the book's repository: `pip install -e .` and `matplotlib`). Its
-text is MyST Markdown: roles such as `{term}` and `{glue:text}` render only in the book.*"""
+`tinyformer` installed (from the book's repository: `pip install -e '.[book]'`). A cell that
+asks for one of the book's training runs trains it the first time (seconds to minutes) and
+stores it in `~/.cache/tinyformer/experiments` (or `$TINYFORMER_STORE`). Its text is MyST
+Markdown: roles such as `{term}` and `{glue:text}` render only in the book.*"""
 PREAMBLE_CODE = f"""\
 try:
     {GLUE_IMPORT}

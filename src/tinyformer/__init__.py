@@ -15,19 +15,22 @@ bottom up (each uses only those above it):
 - :mod:`tinyformer.attention`: scaled dot-product attention and its backward pass
 - :mod:`tinyformer.multihead`, :mod:`tinyformer.efficient`: multi-head attention with a
   key/value cache; linear and tiled (memory-efficient) attention
-- :mod:`tinyformer.blocks`: encoder and decoder blocks, post- or pre-norm
+- :mod:`tinyformer.blocks`: the transformer block from named parts (norm, attention,
+  optional cross-attention, feed-forward network), post- or pre-norm
 - :mod:`tinyformer.losses`: cross-entropy with padding and label smoothing
 - :mod:`tinyformer.optim`, :mod:`tinyformer.schedules`: optimizers, clipping and
   learning-rate schedules
 - :mod:`tinyformer.data`: tokenizers, toy sequence tasks and a synthetic language source
-- :mod:`tinyformer.models`: the encoder-decoder transformer and the decoder-only language
-  model, with closed-form parameter counts
+- :mod:`tinyformer.models`: one configuration and one stack of blocks, composed into the
+  three families (encoder-decoder, decoder-only, encoder-only), with closed-form
+  parameter counts
 - :mod:`tinyformer.training`, :mod:`tinyformer.checkpoint`: the training loop, its history,
   and checkpoints that resume exactly
 - :mod:`tinyformer.generation`: greedy, beam search, sampling and speculative decoding
 - :mod:`tinyformer.experiments`: the book's training runs, deterministic from a seed, and
   the store that computes each of them once and shares it
 - :mod:`tinyformer.analysis`: measurements the book makes of attention
+- :mod:`tinyformer.claims`: conclusions drawn from measurements, asserted with a margin
 - :mod:`tinyformer.viz`: plotting helpers for the book's figures (needs matplotlib)
 
 The names a user reaches for first are also here at the top level (imported on

@@ -15,6 +15,14 @@ import numpy as np
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+class NonFiniteError(ValueError):
+    """A computation met NaN or inf in its input: raised where values must be finite.
+
+    A :class:`ValueError`, so callers that catch those keep working; the training loop
+    catches this one in particular, as a sign that the model has diverged.
+    """
+
+
 def describe(x: object) -> str:
     """Say briefly what ``x`` is, for error messages."""
     if isinstance(x, np.ndarray):
@@ -140,15 +148,20 @@ def bool_mask(mask: object, name: str, target_shape: tuple[int, ...]) -> np.ndar
             f"{name} must be a boolean array (True where a query may attend),"
             f" got dtype {arr.dtype}"
         )
+    return broadcasts_to(arr, name, tuple(target_shape), "the score shape")
+
+
+def broadcasts_to(arr: np.ndarray, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``arr`` if it broadcasts to ``shape`` (``what``: its name in the message) unchanged.
+
+    Broadcasting may add leading axes and stretch size-1 axes, but must give ``shape``.
+    """
     try:
-        shape = np.broadcast_shapes(arr.shape, target_shape)
+        result = np.broadcast_shapes(arr.shape, shape)
     except ValueError:
-        shape = None
-    if shape != tuple(target_shape):
-        raise ValueError(
-            f"{name} of shape {arr.shape} does not broadcast to the score shape"
-            f" {tuple(target_shape)}"
-        )
+        result = None
+    if result != shape:
+        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {what} {shape}")
     return arr
 
 

@@ -1,15 +1,21 @@
-r"""Encoder and decoder blocks: attention and feed-forward sub-layers with residuals and norms.
+r"""The transformer block, assembled from named parts, and the residual sub-layer around each part.
 
-Each sub-layer :math:`F` is wrapped in a residual connection and a LayerNorm,
-in one of two orders:
+One block serves every family. It is self-attention, optionally
+cross-attention to an encoder's output, and a feed-forward network, each part
+wrapped in a residual connection with a norm, in one of two orders:
 
-- post-norm, as in :cite:t:`vaswani2017attention`: :math:`x \leftarrow \operatorname{LN}(x + F(x))`;
-- pre-norm, :math:`x \leftarrow x + F(\operatorname{LN}(x))`, which keeps an
+- post-norm, as in :cite:t:`vaswani2017attention`: :math:`x \leftarrow \operatorname{N}(x + F(x))`;
+- pre-norm, :math:`x \leftarrow x + F(\operatorname{N}(x))`, which keeps an
   identity path from the output to the input and trains deep stacks without
   warm-up :cite:p:`xiong2020layer`.
 
-In the backward pass a residual connection simply adds the gradient that
-flows around the sub-layer to the one that flows through it.
+An encoder block is this block without cross-attention, attending with a
+padding mask; a GPT-style decoder block is the same block with a causal mask;
+the decoder block of an encoder-decoder adds cross-attention. The norm is a
+name from :data:`~tinyformer.norm.NORMS` (LayerNorm, RMSNorm) and the
+feed-forward network a name from :data:`~tinyformer.feedforward.FEED_FORWARDS`
+(plain, gated). In the backward pass a residual connection simply adds the
+gradient that flows around the sub-layer to the one that flows through it.
 """
 
 from __future__ import annotations
@@ -19,29 +25,39 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tinyformer._validation import describe, float_dtype, generator, layer_input, positive_int
-from tinyformer.feedforward import FeedForward
+from tinyformer.feedforward import make_feed_forward
 from tinyformer.layers import Dropout
 from tinyformer.module import Module
-from tinyformer.multihead import KVCache, MultiHeadAttention
-from tinyformer.norm import LayerNorm
+from tinyformer.multihead import KVCache, MultiHeadAttention, _merge_heads, _split_heads
+from tinyformer.norm import make_norm
 
-__all__ = ["DecoderBlock", "DecoderCache", "EncoderBlock"]
+__all__ = ["BlockCache", "Residual", "TransformerBlock", "trace_block"]
 
 
-class _Residual(Module):
-    """One sub-layer with dropout, a residual connection and a LayerNorm (post or pre)."""
+class Residual(Module):
+    """One sub-layer with dropout, a residual connection and a norm (post or pre).
 
-    def __init__(
-        self, layer: Module, d_model: int, *, dropout: float, norm_first: bool, rng, dtype
-    ) -> None:
+    Parameters
+    ----------
+    layer : Module
+        The sub-layer :math:`F`: attention or a feed-forward network.
+    norm : Module
+        Its norm (a :class:`~tinyformer.norm.LayerNorm` or :class:`~tinyformer.norm.RMSNorm`).
+    dropout : Dropout
+        Dropout on the sub-layer's output.
+    norm_first : bool
+        Pre-norm (``x + F(N(x))``) instead of post-norm (``N(x + F(x))``).
+    """
+
+    def __init__(self, layer: Module, norm: Module, dropout: Dropout, *, norm_first: bool) -> None:
         super().__init__()
         self.layer = layer
-        self.norm = LayerNorm(d_model, dtype=dtype)
-        self.dropout = Dropout(dropout, rng=rng)
-        self.norm_first = norm_first
+        self.norm = norm
+        self.dropout = dropout
+        self.norm_first = bool(norm_first)
 
     def forward(self, x: np.ndarray, *args, **kwargs) -> np.ndarray:
-        """``LN(x + F(x, ...))`` (post-norm) or ``x + F(LN(x), ...)`` (pre-norm)."""
+        """``N(x + F(x, ...))`` (post-norm) or ``x + F(N(x), ...)`` (pre-norm)."""
         if self.norm_first:
             out = self.dropout.forward(self.layer.forward(self.norm.forward(x), *args, **kwargs))
             out += x
@@ -68,94 +84,13 @@ class _Residual(Module):
         return grads if isinstance(grads, tuple) else (grads,)
 
 
-def _check_common(d_model: object, n_heads: object, d_ff: object, rng: object, dtype: object):
-    return (
-        positive_int(d_model, "d_model"),
-        positive_int(n_heads, "n_heads"),
-        positive_int(d_ff, "d_ff"),
-        generator(rng),
-        float_dtype(dtype),
-    )
-
-
-class EncoderBlock(Module):
-    r"""Self-attention then a feed-forward network, each with residual, dropout and LayerNorm.
-
-    Post-norm (``norm_first=False``):
-
-    .. math::
-        h = \operatorname{LN}_1\bigl(x + \operatorname{MHA}(x)\bigr), \qquad
-        y = \operatorname{LN}_2\bigl(h + \operatorname{FFN}(h)\bigr)
-
-    Pre-norm (``norm_first=True``):
-
-    .. math::
-        h = x + \operatorname{MHA}(\operatorname{LN}_1(x)), \qquad
-        y = h + \operatorname{FFN}(\operatorname{LN}_2(h))
-
-    Parameters
-    ----------
-    d_model, n_heads, d_ff : int
-        Width, number of heads (dividing ``d_model``) and feed-forward width.
-    rng : numpy.random.Generator
-        Initializes every sub-layer and drives every dropout.
-    dropout : float
-        Dropout probability on the attention weights, the feed-forward hidden
-        layer and each sub-layer's output (as in PyTorch's encoder layer).
-    norm_first : bool
-        Pre-norm instead of post-norm.
-    activation : str
-        Feed-forward nonlinearity: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
-    dtype : float32 or float64
-        Dtype of parameters and accepted inputs.
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        *,
-        rng: np.random.Generator,
-        dropout: float = 0.0,
-        norm_first: bool = False,
-        activation: str = "relu",
-        dtype: object = np.float64,
-    ) -> None:
-        super().__init__()
-        d_model, n_heads, d_ff, rng, self.dtype = _check_common(d_model, n_heads, d_ff, rng, dtype)
-        self.d_model, self.norm_first = d_model, bool(norm_first)
-        options = {"dropout": dropout, "norm_first": self.norm_first, "rng": rng, "dtype": dtype}
-        attention = MultiHeadAttention(d_model, n_heads, rng=rng, dropout=dropout, dtype=dtype)
-        ffn = FeedForward(
-            d_model, d_ff, rng=rng, activation=activation, dropout=dropout, dtype=dtype
-        )
-        self.self_attention = _Residual(attention, d_model, **options)
-        self.feed_forward = _Residual(ffn, d_model, **options)
-
-    def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        """Encode ``x`` ``(B, T, d_model)``; ``mask`` broadcasts to ``(B, T, T)``."""
-        x = layer_input(x, "x", self.dtype, last_dim=self.d_model, min_ndim=3)
-        h = self.self_attention.forward(x, mask=mask)  # (B, T, d_model)
-        self._save(x.shape)
-        return self.feed_forward.forward(h)
-
-    def backward(self, grad_out: np.ndarray) -> np.ndarray:
-        """Gradient for ``x``; adds into every parameter's gradient."""
-        (shape,) = self._saved()
-        grad = self._check_grad(grad_out, shape, self.dtype)
-        (grad_h,) = self.feed_forward.backward(grad)
-        (grad_x,) = self.self_attention.backward(grad_h)
-        return grad_x
-
-
 @dataclass
-class DecoderCache:
-    """Key/value caches of one :class:`DecoderBlock`, for step-by-step decoding.
+class BlockCache:
+    """Key/value caches of one :class:`TransformerBlock`, for step-by-step decoding.
 
     ``self_attention`` grows by the new positions at every step;
-    ``cross_attention`` is filled from the encoder memory at the first step and
-    reused at every later one.
+    ``cross_attention`` (used only by a block with cross-attention) is filled
+    from the encoder memory at the first step and reused at every later one.
     """
 
     self_attention: KVCache = field(default_factory=KVCache)
@@ -174,42 +109,65 @@ class DecoderCache:
         """Forget decoded positions ``length`` and later; the cross-attention cache stays."""
         self.self_attention.truncate(length)
 
-    def select(self, indices: np.ndarray) -> DecoderCache:
+    def select(self, indices: np.ndarray) -> BlockCache:
         """A new cache whose sequence ``i`` is a copy of sequence ``indices[i]`` of this one."""
-        return DecoderCache(
+        return BlockCache(
             self.self_attention.select(indices), self.cross_attention.select(indices)
         )
 
-    def copy(self) -> DecoderCache:
+    def copy(self) -> BlockCache:
         """An independent copy of both caches."""
-        return DecoderCache(self.self_attention.copy(), self.cross_attention.copy())
+        return BlockCache(self.self_attention.copy(), self.cross_attention.copy())
 
 
-class DecoderBlock(Module):
-    r"""Masked self-attention, cross-attention to the encoder memory, then a feed-forward network.
+class TransformerBlock(Module):
+    r"""Self-attention, optional cross-attention and a feed-forward network, each a :class:`Residual`.
 
-    Post-norm, with :math:`m` the memory:
+    Post-norm, with :math:`\operatorname{N}` the norm and :math:`m` the memory:
 
     .. math::
-        a = \operatorname{LN}_1(x + \operatorname{MHA}_\text{self}(x)), \quad
-        b = \operatorname{LN}_2(a + \operatorname{MHA}_\text{cross}(a, m)), \quad
-        y = \operatorname{LN}_3(b + \operatorname{FFN}(b)),
+        a = \operatorname{N}_1(x + \operatorname{MHA}_\text{self}(x)), \quad
+        b = \operatorname{N}_2(a + \operatorname{MHA}_\text{cross}(a, m)), \quad
+        y = \operatorname{N}_3(b + \operatorname{FFN}(b)),
 
-    and pre-norm as in :class:`EncoderBlock`. With ``cross_attention=False``
-    the middle sub-layer is left out: the block of a decoder-only model.
+    pre-norm
+
+    .. math::
+        a = x + \operatorname{MHA}_\text{self}(\operatorname{N}_1(x)), \quad
+        b = a + \operatorname{MHA}_\text{cross}(\operatorname{N}_2(a), m), \quad
+        y = b + \operatorname{FFN}(\operatorname{N}_3(b)),
+
+    and without cross-attention the middle sub-layer is left out (:math:`b = a`).
 
     Parameters
     ----------
     d_model, n_heads, d_ff : int
         Width, number of heads (dividing ``d_model``) and feed-forward width.
     rng : numpy.random.Generator
-        Initializes every sub-layer and drives every dropout.
+        Initializes every sub-layer (self-attention, cross-attention, feed-forward,
+        in that order) and drives every dropout.
     cross_attention : bool
-        Include the cross-attention sub-layer.
-    dropout, norm_first, activation, dtype
-        As for :class:`EncoderBlock`.
+        Include the cross-attention sub-layer (the decoder of an encoder-decoder).
+    dropout : float
+        Dropout probability on the attention weights, the feed-forward hidden
+        layer and each sub-layer's output (as in PyTorch's transformer layers).
+    norm_first : bool
+        Pre-norm instead of post-norm.
+    norm : str
+        ``"layernorm"`` or ``"rmsnorm"``; ``norm_eps`` is its :math:`\epsilon`.
+    feed_forward : str
+        ``"plain"`` or ``"gated"`` (see :data:`~tinyformer.feedforward.FEED_FORWARDS`).
+    activation : str
+        Feed-forward nonlinearity: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
+    bias : bool
+        Biases in the attention projections and the feed-forward layers.
     rotary : bool
-        Use rotary positions in the self-attention (for decoder-only models).
+        Rotary positions in the self-attention.
+    scale : float, optional
+        The attention scores' factor in every attention sub-layer; ``None``
+        means :math:`1/\sqrt{d_k}`.
+    dtype : float32 or float64
+        Dtype of parameters and accepted inputs.
     """
 
     def __init__(
@@ -219,40 +177,56 @@ class DecoderBlock(Module):
         d_ff: int,
         *,
         rng: np.random.Generator,
-        cross_attention: bool = True,
+        cross_attention: bool = False,
         dropout: float = 0.0,
         norm_first: bool = False,
+        norm: str = "layernorm",
+        norm_eps: float = 1e-5,
+        feed_forward: str = "plain",
         activation: str = "relu",
+        bias: bool = True,
         rotary: bool = False,
+        scale: float | None = None,
         dtype: object = np.float64,
     ) -> None:
         super().__init__()
-        d_model, n_heads, d_ff, rng, self.dtype = _check_common(d_model, n_heads, d_ff, rng, dtype)
-        self.d_model, self.norm_first = d_model, bool(norm_first)
-        options = {"dropout": dropout, "norm_first": self.norm_first, "rng": rng, "dtype": dtype}
-        heads = {"rng": rng, "dropout": dropout, "dtype": dtype}
-        masked = MultiHeadAttention(d_model, n_heads, rotary=rotary, **heads)
-        self.self_attention = _Residual(masked, d_model, **options)
+        self.d_model = positive_int(d_model, "d_model")
+        positive_int(d_ff, "d_ff")
+        rng, self.dtype = generator(rng), float_dtype(dtype)
+        self.norm_first = bool(norm_first)
+        heads = {"rng": rng, "dropout": dropout, "bias": bias, "scale": scale, "dtype": dtype}
+
+        def residual(layer: Module) -> Residual:
+            norm_layer = make_norm(norm, self.d_model, eps=norm_eps, dtype=dtype)
+            return Residual(layer, norm_layer, Dropout(dropout, rng=rng), norm_first=norm_first)
+
+        attention = MultiHeadAttention(self.d_model, n_heads, rotary=rotary, **heads)
+        self.self_attention = residual(attention)
         self.cross_attention = (
-            _Residual(MultiHeadAttention(d_model, n_heads, **heads), d_model, **options)
+            residual(MultiHeadAttention(self.d_model, n_heads, **heads))
             if cross_attention
             else None
         )
-        ffn = FeedForward(
-            d_model, d_ff, rng=rng, activation=activation, dropout=dropout, dtype=dtype
+        ffn = make_feed_forward(
+            feed_forward,
+            self.d_model,
+            d_ff,
+            rng=rng,
+            activation=activation,
+            dropout=dropout,
+            bias=bias,
+            dtype=dtype,
         )
-        self.feed_forward = _Residual(ffn, d_model, **options)
+        self.feed_forward = residual(ffn)
 
-    def new_cache(self) -> DecoderCache:
+    def new_cache(self) -> BlockCache:
         """An empty cache for decoding with this block."""
-        return DecoderCache()
+        return BlockCache()
 
     def _check_memory(self, memory: object) -> np.ndarray | None:
         if self.cross_attention is None:
             if memory is not None:
-                raise ValueError(
-                    "memory must be None: this block was built with cross_attention=False"
-                )
+                raise ValueError("memory must be None: this block has no cross-attention")
             return None
         if memory is None:
             raise ValueError(
@@ -265,25 +239,28 @@ class DecoderBlock(Module):
         self,
         x: np.ndarray,
         memory: np.ndarray | None = None,
-        self_mask: np.ndarray | None = None,
+        *,
+        mask: np.ndarray | None = None,
         memory_mask: np.ndarray | None = None,
-        cache: DecoderCache | None = None,
+        cache: BlockCache | None = None,
     ) -> np.ndarray:
-        """Decode ``x`` ``(B, T, d_model)`` against ``memory`` ``(B, T_src, d_model)``.
+        """Run the block on ``x`` ``(B, T, d_model)``.
 
         Parameters
         ----------
         x : numpy.ndarray
-            The target-side input, ``(B, T, d_model)``.
+            The input, ``(B, T, d_model)``.
         memory : numpy.ndarray, optional
-            Encoder output; required with cross-attention, refused without it.
-        self_mask : numpy.ndarray of bool, optional
-            Broadcasts to ``(B, T, T_cached + T)``, e.g. ``causal_mask(T)``; with a
-            cache and one new position per step no mask is needed.
+            Encoder output ``(B, T_src, d_model)``; required with cross-attention,
+            refused without it.
+        mask : numpy.ndarray of bool, optional
+            The self-attention mask, broadcastable to ``(B, T, T_cached + T)``:
+            a padding mask for an encoder, ``causal_mask(T)`` for a decoder.
+            With a cache and one new position per step no mask is needed.
         memory_mask : numpy.ndarray of bool, optional
             Broadcasts to ``(B, T, T_src)``, e.g. a padding mask of the source.
-        cache : DecoderCache, optional
-            Inference only (no backward afterwards).
+        cache : BlockCache, optional
+            For decoding (no backward afterwards).
 
         Returns
         -------
@@ -292,15 +269,18 @@ class DecoderBlock(Module):
         """
         x = layer_input(x, "x", self.dtype, last_dim=self.d_model, min_ndim=3)
         memory = self._check_memory(memory)
-        if cache is not None and not isinstance(cache, DecoderCache):
-            raise TypeError(f"cache must be a DecoderCache or None, got {describe(cache)}")
+        if cache is not None and not isinstance(cache, BlockCache):
+            raise TypeError(f"cache must be a BlockCache or None, got {describe(cache)}")
+        # block-forward-begin
         self_cache = None if cache is None else cache.self_attention
-        h = self.self_attention.forward(x, mask=self_mask, cache=self_cache)
+        h = self.self_attention.forward(x, mask=mask, cache=self_cache)  # (B, T, d)
         if self.cross_attention is not None:
             cross_cache = None if cache is None else cache.cross_attention
             h = self.cross_attention.forward(h, memory, mask=memory_mask, cache=cross_cache)
+        y = self.feed_forward.forward(h)  # (B, T, d)
+        # block-forward-end
         self._save(x.shape)
-        return self.feed_forward.forward(h)
+        return y
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """``grad_x``, or ``(grad_x, grad_memory)`` when the block has cross-attention."""
@@ -313,3 +293,51 @@ class DecoderBlock(Module):
         grad_h, grad_memory = self.cross_attention.backward(grad_h)
         (grad_x,) = self.self_attention.backward(grad_h)
         return grad_x, grad_memory
+
+
+def trace_block(
+    block: TransformerBlock, x: np.ndarray, mask: np.ndarray | None = None
+) -> list[tuple[str, np.ndarray]]:
+    """Run a block without cross-attention on ``x`` ``(B, T, d_model)``; return every intermediate.
+
+    Each entry is ``(name, array)``, in the order the block computes them,
+    each made by the block's own parts (its projections, attention, norms and
+    feed-forward layers); the last is the block's output, equal to
+    ``block.forward(x, mask=mask)``. Dropout is left out, so the block must be in
+    evaluation mode or have no dropout.
+    """
+    if not isinstance(block, TransformerBlock):
+        raise TypeError(f"block must be a TransformerBlock, got {describe(block)}")
+    if block.cross_attention is not None:
+        raise ValueError("block has cross-attention: trace_block follows blocks without it")
+    if block.training and any(getattr(m, "p", 0) > 0 for m in block.modules()):
+        raise ValueError("block has dropout and is in training mode: call block.eval() first")
+    steps: list[tuple[str, np.ndarray]] = [("input x", x)]
+    attention, ffn = block.self_attention, block.feed_forward
+    mha = attention.layer
+    z = attention.norm.forward(x) if block.norm_first else x
+    if block.norm_first:
+        steps.append(("norm 1", z))
+    q = _split_heads(mha.q_proj.forward(z), mha.n_heads)  # (B, h, T, d_k)
+    k = _split_heads(mha.k_proj.forward(z), mha.n_heads)
+    v = _split_heads(mha.v_proj.forward(z), mha.n_heads)
+    steps += [("queries Q, heads split", q), ("keys K", k), ("values V", v)]
+    out = mha.forward(z, mask=mask)  # (B, T, d)
+    weights = mha.attention_weights  # (B, h, T, T)
+    heads = weights @ v  # (B, h, T, d_k)
+    steps += [("attention weights", weights), ("heads: weights @ V", heads)]
+    steps += [("heads concatenated", _merge_heads(heads)), ("output projection W_O", out)]
+    h = x + out  # (B, T, d)
+    steps.append(("residual x + attention", h))
+    if not block.norm_first:
+        h = attention.norm.forward(h)
+        steps.append(("norm 1", h))
+    z = ffn.norm.forward(h) if block.norm_first else h
+    if block.norm_first:
+        steps.append(("norm 2", z))
+    steps.append(("FFN first linear", ffn.layer.linear_in.forward(z)))  # (B, T, d_ff)
+    f = ffn.layer.forward(z)  # (B, T, d)
+    steps += [("FFN output", f), ("residual + FFN", h + f)]
+    if not block.norm_first:
+        steps.append(("norm 2", ffn.norm.forward(h + f)))
+    return steps

@@ -58,7 +58,9 @@ __all__ = [
 ]
 
 FORMAT = "tinyformer-checkpoint"
-VERSION = 1
+VERSION = 2
+"""The format version written. Version 1 files (models with fused attention projections,
+``w_qkv``, and flat attribute names) are read too, and upgraded as they are read."""
 _METADATA = "__metadata__"
 _GROUPS = ("model", "optimizer", "extra")
 
@@ -283,6 +285,8 @@ class Checkpoint:
     path: Path
     metadata: dict[str, Any]
     arrays: dict[str, np.ndarray] = field(repr=False)
+    _pieces: list[list[tuple[str, slice]]] | None = field(default=None, repr=False)
+    """For a version 1 file: what each old parameter (by its index) became."""
 
     @property
     def step(self) -> int:
@@ -331,7 +335,7 @@ class Checkpoint:
             raise TypeError(f"model must be a tinyformer Module, got {describe(model)}")
         self._check_model(model)
         if optimizer is not None:
-            self._optimizer_trial(optimizer)
+            self._optimizer_trial(model, optimizer)
         self._generator_states(model, generators)
 
     def _check_model(self, model: Module) -> None:
@@ -368,24 +372,51 @@ class Checkpoint:
             if not np.isfinite(value).all():
                 raise self._fail(f"parameter {name!r} contains NaN or infinite values")
 
-    def _optimizer_state(self) -> dict[str, Any]:
+    def _optimizer_state(self, model: Module, optimizer: Optimizer) -> dict[str, Any]:
         scalars = self.metadata["optimizer"]
         if scalars is None:
             raise self._fail("it holds no optimizer state, but an optimizer was given")
         state = {k: _from_json(v) for k, v in scalars.items()}
         if isinstance(state.get("betas"), list):
             state["betas"] = tuple(state["betas"])
-        state.update(self.group("optimizer"))
+        buffers = self.group("optimizer")
+        if self._pieces is not None:
+            buffers = self._upgraded_buffers(buffers, model, optimizer)
+        state.update(buffers)
         return state
 
-    def _optimizer_trial(self, optimizer: Optimizer) -> Optimizer:
+    def _upgraded_buffers(
+        self, buffers: dict[str, np.ndarray], model: Module, optimizer: Optimizer
+    ) -> dict[str, np.ndarray]:
+        """A version 1 file's optimizer buffers, split and renumbered like the model's parameters."""
+        pieces = self._pieces or []
+        by_name: dict[str, dict[str, np.ndarray]] = {}
+        for key, value in buffers.items():
+            buffer, index = key.rsplit(".", 1)
+            if not index.isdigit() or int(index) >= len(pieces):
+                raise self._fail(f"optimizer entry {key!r} names no saved parameter")
+            for new_name, columns in pieces[int(index)]:
+                by_name.setdefault(new_name, {})[buffer] = value[..., columns]
+        names = {id(p): name for name, p in model.named_parameters()}
+        upgraded = {}
+        for i, parameter in enumerate(optimizer.parameters):
+            name = names.get(id(parameter))
+            if name is None or name not in by_name:
+                raise self._fail(
+                    "the optimizer's parameters are not the model's, so the state of this"
+                    " version 1 file cannot be matched to them"
+                )
+            upgraded.update({f"{buffer}.{i}": a for buffer, a in by_name[name].items()})
+        return upgraded
+
+    def _optimizer_trial(self, model: Module, optimizer: Optimizer) -> Optimizer:
         """Load the optimizer state into a copy of ``optimizer`` (sharing only its parameters)."""
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a tinyformer Optimizer, got {describe(optimizer)}")
         trial = copy.copy(optimizer)
         trial.buffers = {k: [b.copy() for b in v] for k, v in optimizer.buffers.items()}
         try:
-            trial.load_state_dict(self._optimizer_state())
+            trial.load_state_dict(self._optimizer_state(model, optimizer))
         except (TypeError, ValueError) as err:
             raise self._fail(f"the optimizer state does not fit: {err}") from err
         return trial
@@ -432,7 +463,7 @@ class Checkpoint:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a tinyformer Module, got {describe(model)}")
         self._check_model(model)
-        trial = None if optimizer is None else self._optimizer_trial(optimizer)
+        trial = None if optimizer is None else self._optimizer_trial(model, optimizer)
         states = self._generator_states(model, generators)
         # everything is checked: now assign
         model.load_state_dict(self.group("model"))
@@ -440,6 +471,60 @@ class Checkpoint:
             optimizer.load_state_dict(trial.state_dict())
         for gen, state in states.values():
             gen.bit_generator.state = state
+
+
+# ------------------------------------------------------------ reading version 1
+# Version 1 files hold models whose attention stored W_Q, W_K, W_V side by side as one
+# (d, 3d) matrix ``w_qkv`` (and ``b_qkv``, ``w_out``, ``b_out``), and whose layers hung off
+# the model itself (``layers.0...``, ``encoder_layers.0...``, ``source_embedding``).
+_V1_PREFIXES = {
+    "DecoderOnlyLM": {"embedding": "decoder.embedding", "positions": "decoder.positions",
+                      "layers": "decoder.layers", "final_norm": "decoder.final_norm"},
+    "EncoderOnlyMLM": {"embedding": "encoder.embedding", "positions": "encoder.positions",
+                       "layers": "encoder.layers", "final_norm": "encoder.final_norm"},
+    "EncoderDecoder": {"source_embedding": "encoder.embedding",
+                       "target_embedding": "decoder.embedding",
+                       "source_positions": "encoder.positions",
+                       "target_positions": "decoder.positions",
+                       "encoder_layers": "encoder.layers", "decoder_layers": "decoder.layers",
+                       "encoder_norm": "encoder.final_norm", "decoder_norm": "decoder.final_norm"},
+}  # fmt: skip
+_V1_ATTENTION = {"w_qkv": "weight", "b_qkv": "bias"}
+_V1_OUTPUT = {"w_out": "out_proj.weight", "b_out": "out_proj.bias"}
+
+
+def _v1_pieces(name: str, value: np.ndarray, model_class: str) -> list[tuple[str, slice]]:
+    """The parameters that one version 1 parameter became, each with its columns."""
+    head, _, rest = name.partition(".")
+    prefix = _V1_PREFIXES.get(model_class, {}).get(head)
+    name = name if prefix is None else f"{prefix}.{rest}" if rest else prefix
+    owner, _, leaf = name.rpartition(".")
+    if leaf in _V1_OUTPUT:
+        return [(f"{owner}.{_V1_OUTPUT[leaf]}", slice(None))]
+    if leaf in _V1_ATTENTION:
+        d = value.shape[-1] // 3
+        return [
+            (f"{owner}.{part}_proj.{_V1_ATTENTION[leaf]}", slice(i * d, (i + 1) * d))
+            for i, part in enumerate("qkv")
+        ]
+    return [(name, slice(None))]
+
+
+def _upgrade_version_1(
+    arrays: dict[str, np.ndarray], model_class: str
+) -> tuple[dict[str, np.ndarray], list[list[tuple[str, slice]]]]:
+    """A version 1 file's arrays under today's parameter names, and what each old one became."""
+    upgraded, pieces = {}, []
+    for key, value in arrays.items():
+        group, _, name = key.partition("/")
+        if group != "model":
+            upgraded[key] = value
+            continue
+        parts = _v1_pieces(name, value, model_class)
+        pieces.append(parts)
+        for new_name, columns in parts:
+            upgraded[f"model/{new_name}"] = np.ascontiguousarray(value[..., columns])
+    return upgraded, pieces
 
 
 def _decode_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
@@ -451,10 +536,10 @@ def _decode_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
         raise ValueError(f"checkpoint {path}: the metadata is not valid JSON ({err})") from err
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise ValueError(f"{path} is not a tinyformer checkpoint (format is not {FORMAT!r})")
-    if metadata.get("version") != VERSION:
+    if metadata.get("version") not in (1, VERSION):
         raise ValueError(
             f"checkpoint {path}: format version {metadata.get('version')!r} is not supported"
-            f" (this tinyformer reads version {VERSION})"
+            f" (this tinyformer reads versions 1 and {VERSION})"
         )
     kinds = {
         "sha256": str,
@@ -515,6 +600,9 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise ValueError(f"checkpoint {path}: unexpected array names {sorted(arrays)[:5]}")
     if _digest(arrays) != metadata["sha256"]:
         raise ValueError(f"checkpoint {path}: the arrays do not match their SHA-256 (corrupted)")
+    if metadata["version"] == 1:
+        arrays, pieces = _upgrade_version_1(arrays, metadata["model"]["class"])
+        return Checkpoint(path, metadata, arrays, pieces)
     return Checkpoint(path, metadata, arrays)
 
 

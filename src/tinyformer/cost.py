@@ -221,15 +221,17 @@ def count_matmuls(model: Module) -> Iterator[MatmulCount]:
 def block_activation_elements(config: StackConfig, seq_len: int) -> dict[str, int]:
     r"""Numbers kept by one block for its backward pass, per sequence of ``seq_len`` tokens.
 
-    With dropout off: each LayerNorm keeps :math:`\hat x` (:math:`Td`) and :math:`1/\sigma`
-    (:math:`T`); attention keeps its input, :math:`Q, K, V` and the merged heads
-    (:math:`5Td`) and the weights (:math:`hT^2`); the feed-forward network keeps its
-    input (:math:`Td`) and :math:`k\,T d_\text{ff}`, where :math:`k` = 1 for ReLU (its
-    output says where the input was positive) and 2 otherwise (the activation's output,
-    and its derivative, computed in the forward pass). Dropout with :math:`p > 0` adds a mask for
-    the attention weights, the hidden layer and each residual branch, and the dropped
-    copies of the weights and of the hidden layer (which takes the place of the
-    activation's output, except with ReLU, whose output is kept anyway).
+    With dropout off: each norm keeps :math:`\hat x` (:math:`Td`) and :math:`1/\sigma`
+    (:math:`T`); attention keeps its input (one array for the three projections),
+    :math:`Q, K, V` and the merged heads (the output projection's input: :math:`5Td`)
+    and the weights (:math:`hT^2`); the feed-forward network keeps its input
+    (:math:`Td`) and :math:`k\,T d_\text{ff}`, where :math:`k` = 1 for ReLU (its output
+    says where the input was positive) and 2 otherwise (the activation's output, and its
+    derivative, computed in the forward pass). Dropout with :math:`p > 0` adds a mask for
+    the attention weights (the backward pass multiplies the weights by it again rather
+    than keeping the dropped copy), for the hidden layer and for each residual branch,
+    and the dropped copy of the hidden layer (which takes the place of the activation's
+    output, except with ReLU, whose output is kept anyway).
     """
     c = _stack_config(config)
     t, d, h, d_ff = positive_int(seq_len, "seq_len"), c.d_model, c.n_heads, c.d_ff
@@ -243,7 +245,7 @@ def block_activation_elements(config: StackConfig, seq_len: int) -> dict[str, in
     if c.dropout > 0:  # masks and dropped copies; the dropped hidden layer replaces the
         # activation's output, which only ReLU keeps anyway
         hidden = (2 if c.activation == "relu" else 1) * t * d_ff
-        terms["dropout"] = 2 * h * t * t + hidden + 2 * t * d
+        terms["dropout"] = h * t * t + hidden + 2 * t * d
     return terms
 
 
@@ -299,8 +301,9 @@ def saved_bytes(module: Module) -> dict[str, int]:
     """Bytes of the arrays each sub-module keeps for its backward pass, measured.
 
     Walks every module's saved state and counts each buffer once, at the first module
-    holding it: a view (``Q`` sliced out of the fused ``QKV`` product) counts the whole
-    buffer it keeps alive, and an array saved by two modules is not counted twice.
+    holding it: a view (``Q`` split into heads) counts the whole buffer it keeps
+    alive, and an array saved by two modules (the input of the three projections of
+    self-attention) is not counted twice.
 
     Returns
     -------

@@ -15,9 +15,9 @@ import numpy as np
 from tinyformer import functional
 from tinyformer._validation import float_dtype, generator, layer_input, one_of, positive_int
 from tinyformer.layers import Dropout, Linear
-from tinyformer.module import Module
+from tinyformer.module import Module, grad_enabled
 
-__all__ = ["ACTIVATIONS", "FeedForward"]
+__all__ = ["ACTIVATIONS", "FEED_FORWARDS", "FeedForward", "make_feed_forward"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 """Names accepted by ``activation=``: ReLU, exact GELU, tanh-approximated GELU, SiLU."""
@@ -107,9 +107,12 @@ class FeedForward(Module):
         elif self.activation == "relu":
             hidden = np.maximum(pre, 0, out=pre)  # in place: pre is ours
             self._save(hidden, None)
-        else:  # the derivative at pre is all that backward needs: keep it, not pre
+        elif grad_enabled():  # the derivative at pre is all that backward needs: keep it
             hidden, slope = functional._activation_and_derivative(pre, self.activation)
             self._save(slope, None)  # (..., d_ff)
+        else:  # no backward will follow (no_grad): the value alone, the same bits
+            hidden = functional._activation(pre, self.activation)
+            self._save(None, None)  # nothing: under no_grad a backward refuses
         return self.linear_out.forward(self.dropout.forward(hidden))  # (..., d_model)
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
@@ -131,3 +134,39 @@ class FeedForward(Module):
             grad_pre = grad_hidden  # a fresh array, as above
             grad_pre *= saved  # the activation's derivative at the pre-activation
         return self.linear_in.backward(grad_pre)
+
+
+def _plain(d_model: int, d_ff: int, **options: object) -> FeedForward:
+    return FeedForward(d_model, d_ff, gated=False, **options)  # type: ignore[arg-type]
+
+
+def _gated(d_model: int, d_ff: int, **options: object) -> FeedForward:
+    return FeedForward(d_model, d_ff, gated=True, **options)  # type: ignore[arg-type]
+
+
+FEED_FORWARDS: dict[str, Callable[..., Module]] = {"plain": _plain, "gated": _gated}
+"""The feed-forward networks a transformer block can be built with, by name.
+
+Each entry takes ``(d_model, d_ff, *, rng, activation, dropout, bias, dtype)``
+and returns a :class:`~tinyformer.module.Module` from ``(..., d_model)`` to
+``(..., d_model)``; a new kind (a mixture of experts, say) is one more entry.
+"""
+
+
+def make_feed_forward(
+    kind: str,
+    d_model: int,
+    d_ff: int,
+    *,
+    rng: np.random.Generator,
+    activation: str,
+    dropout: float,
+    bias: bool,
+    dtype: object,
+) -> Module:
+    """The feed-forward network named ``kind`` (a key of :data:`FEED_FORWARDS`)."""
+    if kind not in FEED_FORWARDS:
+        raise ValueError(f"kind must be one of {sorted(FEED_FORWARDS)}, got {kind!r}")
+    return FEED_FORWARDS[kind](
+        d_model, d_ff, rng=rng, activation=activation, dropout=dropout, bias=bias, dtype=dtype
+    )

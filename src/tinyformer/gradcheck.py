@@ -63,22 +63,39 @@ def numerical_gradient(
     return grad
 
 
-def max_relative_error(analytic: np.ndarray, numeric: np.ndarray) -> float:
+def max_relative_error(
+    analytic: np.ndarray, numeric: np.ndarray, *, magnitude: float | None = None
+) -> float:
     r"""Largest elementwise relative error between two gradients.
 
-    .. math:: \max_i \frac{|a_i - n_i|}{\max(|a_i|,\ |n_i|,\ 10^{-4} \max_j |n_j|)}
+    .. math:: \max_i \frac{|a_i - n_i|}{\max(|a_i|,\ |n_i|,\ 10^{-4} m)}
 
-    The floor keeps entries that are (nearly) zero in both from dividing
-    rounding noise by zero: for them it bounds the absolute error instead.
+    with :math:`m` the ``magnitude`` of the gradients being checked: by default
+    the largest :math:`|n_j|` of this gradient. The floor keeps entries that are
+    (nearly) zero in both from dividing rounding noise by zero: for them it
+    bounds the absolute error instead. A gradient that is exactly zero
+    everywhere (a key bias: softmax ignores a shift shared by all keys) has only
+    rounding noise to compare, so checking a whole module passes the module's
+    largest gradient entry as ``magnitude``.
     """
     a, n = np.asarray(analytic, dtype=np.float64), np.asarray(numeric, dtype=np.float64)
     if a.shape != n.shape:
         raise ValueError(f"analytic {a.shape} and numeric {n.shape} must have the same shape")
     if a.size == 0:
         return 0.0
-    floor = max(1e-4 * float(np.abs(n).max()), np.finfo(np.float64).tiny)
+    scale = float(np.abs(n).max()) if magnitude is None else float(magnitude)
+    floor = max(1e-4 * scale, np.finfo(np.float64).tiny)
     denominator = np.maximum(np.maximum(np.abs(a), np.abs(n)), floor)
     return float((np.abs(a - n) / denominator).max())
+
+
+def _relative_errors(pairs: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """The :func:`max_relative_error` of each ``(analytic, numeric)`` pair, against one scale.
+
+    The scale is the largest numerical entry of any of them.
+    """
+    magnitude = max((float(np.abs(n).max()) for _, n in pairs.values() if n.size), default=0.0)
+    return {name: max_relative_error(a, n, magnitude=magnitude) for name, (a, n) in pairs.items()}
 
 
 def check_module_gradients(
@@ -113,7 +130,8 @@ def check_module_gradients(
     -------
     dict
         ``{"input 0": err, ..., "<parameter name>": err}`` with the
-        :func:`max_relative_error` of each gradient.
+        :func:`max_relative_error` of each gradient, each measured against the
+        module's largest gradient entry.
     """
     kwargs = dict(kwargs or {})
     inputs = [np.array(x, dtype=np.float64) for x in inputs]
@@ -134,13 +152,13 @@ def check_module_gradients(
     grads = grads if isinstance(grads, tuple) else (grads,)
     if len(grads) != len(inputs):
         raise ValueError(f"backward returned {len(grads)} gradients for {len(inputs)} inputs")
-    errors = {
-        f"input {i}": max_relative_error(g, numerical_gradient(loss, x, eps))
+    pairs = {
+        f"input {i}": (g, numerical_gradient(loss, x, eps))
         for i, (g, x) in enumerate(zip(grads, inputs, strict=True))
     }
     for name, p in module.named_parameters():
-        errors[name] = max_relative_error(p.grad, numerical_gradient(loss, p.value, eps))
-    return errors
+        pairs[name] = (p.grad, numerical_gradient(loss, p.value, eps))
+    return _relative_errors(pairs)
 
 
 def check_parameter_gradients(
@@ -168,7 +186,8 @@ def check_parameter_gradients(
     Returns
     -------
     dict
-        ``{"<parameter name>": err}`` with the :func:`max_relative_error` of each gradient.
+        ``{"<parameter name>": err}`` with the :func:`max_relative_error` of each
+        gradient, each measured against the module's largest gradient entry.
     """
     module.zero_grad()
     _, grad_output = run()
@@ -178,7 +197,9 @@ def check_parameter_gradients(
     def loss() -> float | np.ndarray:
         return run()[0]
 
-    return {
-        name: max_relative_error(analytic[name], numerical_gradient(loss, p.value, eps))
-        for name, p in module.named_parameters()
-    }
+    return _relative_errors(
+        {
+            name: (analytic[name], numerical_gradient(loss, p.value, eps))
+            for name, p in module.named_parameters()
+        }
+    )

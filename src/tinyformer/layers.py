@@ -26,6 +26,9 @@ from tinyformer.module import Module, Parameter
 __all__ = ["Dropout", "Embedding", "Linear", "TiedOutputProjection", "glorot_uniform"]
 
 
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def sum_rows(x: np.ndarray) -> np.ndarray:
     """Sum a matrix ``(N, d)`` over its rows, giving ``(d,)``: the gradient of a bias.
 
@@ -99,11 +102,11 @@ class Linear(Module):
     def forward(self, x: np.ndarray) -> np.ndarray:
         """Map ``x`` of shape ``(..., d_in)`` to ``(..., d_out)``."""
         x = layer_input(x, "x", self.dtype, last_dim=self.d_in)
-        y = _flat(x) @ self.weight.value  # (N, d_out)
+        y = x.reshape(-1, self.d_in) @ self.weight.value  # (N, d_out)
         if self.bias is not None:
             y += self.bias.value
         self._save(x)
-        return y.reshape(*x.shape[:-1], self.d_out)  # (..., d_out)
+        return y.reshape((*x.shape[:-1], self.d_out))  # (..., d_out)
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
         """Add into the weight and bias gradients; return the gradient for ``x``."""
@@ -265,18 +268,29 @@ class Dropout(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """Drop and rescale entries of ``x`` in training mode; return ``x`` itself otherwise."""
-        x = np.asarray(x)
-        if x.dtype.kind in "biu":
-            x = x.astype(np.float64)
-        float_dtype(x.dtype, "x")  # float32 or float64, or a TypeError naming x
-        if not self.training or self.p == 0.0:
-            self._save(x.shape, x.dtype, None)
-            return x
-        keep = self.rng.random(x.shape, dtype=x.dtype) >= self.p
-        multiplier = keep.astype(x.dtype)
-        multiplier *= 1.0 / (1.0 - self.p)  # (same shape as x): 0 or 1/(1-p)
+        if type(x) is not np.ndarray or x.dtype not in _FLOATS:  # the usual case costs one test
+            x = np.asarray(x)
+            if x.dtype.kind in "biu":
+                x = x.astype(np.float64)
+            float_dtype(x.dtype, "x")  # float32 or float64, or a TypeError naming x
+        multiplier = self.mask(x.shape, x.dtype)
         self._save(x.shape, x.dtype, multiplier)
-        return x * multiplier
+        return x if multiplier is None else x * multiplier
+
+    def mask(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """Draw the multiplier of one pass: 0 (dropped) or :math:`1/(1-p)` (kept) per entry.
+
+        ``None`` when nothing is dropped (evaluation mode, or ``p = 0``), and then
+        nothing is drawn. :meth:`forward` multiplies by it; attention draws one
+        for its weights (:func:`~tinyformer.attention.scaled_dot_product_attention`'s
+        ``keep``).
+        """
+        if not self.training or self.p == 0.0:
+            return None
+        keep = self.rng.random(shape, dtype=dtype) >= self.p
+        multiplier = keep.astype(dtype)
+        multiplier *= 1.0 / (1.0 - self.p)  # 0 or 1/(1-p)
+        return multiplier
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
         """Pass the gradient through the kept entries, scaled the same way."""

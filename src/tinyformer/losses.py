@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from tinyformer._validation import describe, float_array
+from tinyformer._validation import NonFiniteError, describe, float_array
 from tinyformer.functional import log_softmax
 
 __all__ = ["cross_entropy"]
@@ -93,7 +93,7 @@ def cross_entropy(
     """
     logits = float_array(logits, "logits", min_ndim=1)
     if not np.isfinite(logits).all():
-        raise ValueError(f"logits must be finite, got NaN or inf in {describe(logits)}")
+        raise NonFiniteError(f"logits must be finite, got NaN or inf in {describe(logits)}")
     targets, counted = _check_targets(targets, logits, ignore_index)
     eps = _check_smoothing(label_smoothing)
     n_classes = logits.shape[-1]

@@ -9,6 +9,8 @@ overwriting) is what makes weight tying and repeated use of a layer correct.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -16,7 +18,37 @@ import numpy as np
 
 from tinyformer._validation import describe, float_dtype
 
-__all__ = ["Module", "Parameter"]
+__all__ = ["Module", "Parameter", "grad_enabled", "no_grad"]
+
+
+class _GradMode(threading.local):
+    enabled = True
+
+
+_grad_mode = _GradMode()
+_NO_BACKWARD = object()  # what ``_save`` keeps under no_grad: backward must refuse
+
+
+def grad_enabled() -> bool:
+    """Whether layers keep what their backward pass needs (False inside :func:`no_grad`)."""
+    return _grad_mode.enabled
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Run the ``with`` block without keeping anything for a backward pass.
+
+    Inside it every layer computes the same forward values but skips what only
+    ``backward`` would need (the feed-forward network's activation derivative,
+    for instance); a ``backward`` after such a forward raises. The models'
+    cached decoding step runs this way. Nesting is allowed; the previous mode
+    comes back when the block ends, also when it raises.
+    """
+    previous, _grad_mode.enabled = _grad_mode.enabled, False
+    try:
+        yield
+    finally:
+        _grad_mode.enabled = previous
 
 
 class Parameter:
@@ -83,7 +115,8 @@ class Module:
         return self.forward(*args, **kwargs)
 
     def _save(self, *values: Any) -> None:
-        self._cache = values
+        """Keep ``values`` for :meth:`backward` (nothing is kept inside :func:`no_grad`)."""
+        self._cache = values if _grad_mode.enabled else _NO_BACKWARD
 
     def _saved(self) -> Any:
         if self._cache is None:
@@ -91,8 +124,25 @@ class Module:
                 f"{type(self).__name__}.backward was called before forward:"
                 " run forward first (each forward allows one backward)"
             )
+        if self._cache is _NO_BACKWARD:
+            self._cache = None
+            raise RuntimeError(
+                f"{type(self).__name__}.backward after a forward run under no_grad()"
+                " (as the cached decoding step runs): run forward outside no_grad to train"
+            )
         cache, self._cache = self._cache, None
         return cache
+
+    def _checked_gradient(self, grad_out: object) -> np.ndarray:
+        """A model's output gradient, checked against the output shape its forward saved.
+
+        Checked before the saved shape is released, so a wrong gradient raises
+        and a right one can still be passed afterwards. Needs ``self.dtype``.
+        """
+        if isinstance(self._cache, tuple):
+            self._check_grad(grad_out, self._cache[0], self.dtype)  # type: ignore[attr-defined]
+        (shape,) = self._saved()
+        return self._check_grad(grad_out, shape, self.dtype)  # type: ignore[attr-defined]
 
     @staticmethod
     def _check_grad(grad_out: object, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -1,30 +1,23 @@
-"""Multi-head attention with heads as an array axis, and a key/value cache for decoding.
+"""Multi-head attention: four linear projections around the attention of :mod:`tinyformer.attention`.
 
-The layer projects its input once into queries, keys and values for all heads
-(one fused ``(d_model, 3 d_model)`` matrix product for self-attention), views
-the result as ``(B, h, T, d_k)`` without copying, and runs every head at once
-with batched matrix products. :func:`multi_head_attention_loop` computes the
-same thing one head at a time; it exists only to show (and test) that the two
-agree.
+The layer projects its input into queries, keys and values with three
+:class:`~tinyformer.layers.Linear` layers, views each result as ``(B, h, T, d_k)``
+(heads as an array axis, no copy), runs every head at once through
+:func:`~tinyformer.attention.scaled_dot_product_attention`, the function the
+attention chapter derives, and mixes the heads with a fourth ``Linear``. Its
+backward pass is those layers' backward passes around
+:func:`~tinyformer.attention.scaled_dot_product_attention_backward`. (It calls the
+two functions' bodies, ``_attention`` and ``_attention_backward``, without their
+argument checks: the layer has checked its own inputs.) Training,
+evaluation and cached decoding all run this one path; the only difference in a
+decoding step is that new keys and values are appended to a :class:`KVCache` and
+attention reads all of it.
 
-Why this module does not call :mod:`tinyformer.attention`, whose forward and
-backward passes are the ones the book derives: its own path is faster, and
-measured to be. It scales the queries (``T d_k`` numbers) instead of the scores
-(``T^2``), skips the softmax's row maxima when the scores' range cannot
-overflow (``_softmax_in_place``), takes the softmax term of the backward
-pass from the head outputs (``T d_k`` per query instead of ``T^2``), and writes
-the three input gradients straight into the layout of the fused projection.
-``benchmarks/bench_attention_paths.py`` times a training step of the
-decoder-only benchmark model both ways: this path saved 9.8% of the step in
-float32 and 7.8-8.1% in float64 (two runs, one thread, on a 2-core AMD EPYC with
-OpenBLAS's SkylakeX kernels). The tests compare its forward pass with the per-head
-loop over attention.py and with a formula written out on its own, and its backward pass with
-finite differences.
+:func:`multi_head_attention_loop` computes the same thing one head at a time; it
+exists only to show (and test) that the two agree.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -38,15 +31,17 @@ from tinyformer._validation import (
     positive_float,
     positive_int,
 )
-from tinyformer.attention import _scale, scaled_dot_product_attention
-from tinyformer.functional import _shifted_max
-from tinyformer.layers import Dropout, glorot_uniform, sum_rows
-from tinyformer.module import Module, Parameter
+from tinyformer.attention import (
+    _attention,
+    _attention_backward,
+    _scale,
+    scaled_dot_product_attention,
+)
+from tinyformer.layers import Dropout, Linear
+from tinyformer.module import Module
 from tinyformer.positional import apply_rotary
 
 __all__ = ["KVCache", "MultiHeadAttention", "multi_head_attention_loop"]
-
-_SCORES = "the attention scores (check the inputs and the weights for NaN and inf)"
 
 
 class KVCache:
@@ -187,53 +182,16 @@ def _split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     return x.reshape(b, t, n_heads, d // n_heads).transpose(0, 2, 1, 3)
 
 
+def _merge_heads(x: np.ndarray) -> np.ndarray:
+    """``(B, h, T, d_k)`` back to ``(B, T, h d_k)``: the heads side by side."""
+    b, h, t, d_k = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * d_k)
+
+
 def _layer_mask(mask: object, shape: tuple[int, int, int]) -> np.ndarray:
     """Check a ``(B, T_q, T_k)``-broadcastable mask and give it a head axis."""
     allowed = bool_mask(mask, "mask", shape)
     return allowed[:, None] if allowed.ndim == 3 else allowed  # (B, 1, T_q, T_k) or less
-
-
-# exp(x) of every x in [-_UNDERFLOW, _OVERFLOW] is a normal number, and a sum of
-# up to 1e9 such terms cannot overflow: scores in that range need no shift.
-_OVERFLOW = {np.dtype(np.float32): 60.0, np.dtype(np.float64): 680.0}
-_UNDERFLOW = {np.dtype(np.float32): 80.0, np.dtype(np.float64): 700.0}
-
-
-def _softmax_in_place(scores: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
-    r"""Overwrite ``scores`` ``(B, h, T_q, T_k)`` with softmax weights over the last axis.
-
-    Softmax does not change when a constant :math:`c` is subtracted from a
-    row, and any :math:`c` that keeps every :math:`e^{s - c}` a normal number
-    gives the same weights to rounding. The textbook choice, each row's
-    maximum, costs a slow reduction over short rows, so it is used only when it
-    must be: if all scores lie in a range where :math:`e^{s}` neither
-    overflows nor underflows, :math:`c = 0`; if their spread is small enough,
-    :math:`c` is the largest score; otherwise the row maxima. Masked keys get
-    weight exactly 0, and a query with no allowed key gets all zeros.
-    """
-    high, low = float(scores.max()), float(scores.min())
-    if not math.isfinite(high) or not math.isfinite(low):
-        raise ValueError(f"{_SCORES} contain NaN or inf")
-    if high - low > _UNDERFLOW[scores.dtype]:  # row maxima; masked keys first set to -inf
-        if allowed is not None:
-            np.copyto(scores, -np.inf, where=~allowed)
-        scores -= _shifted_max(scores, 3, _SCORES)
-        weights = np.exp(scores, out=scores)
-    else:
-        if high > _OVERFLOW[scores.dtype] or low < -_UNDERFLOW[scores.dtype]:
-            scores -= high
-        weights = np.exp(scores, out=scores)
-        if allowed is not None:
-            np.multiply(weights, allowed, out=weights)
-    # Row sums as one matrix-vector product over all rows: at training sizes twice as fast
-    # as a batched product over the (B, h) matrices, and the same numbers.
-    n_keys = weights.shape[3]
-    total = weights.reshape(-1, n_keys) @ np.ones(n_keys, dtype=weights.dtype)
-    total = total.reshape(weights.shape[:3])  # (B, h, T_q)
-    if allowed is not None:
-        total[total == 0] = 1.0  # every key masked: zero weights, not NaN
-    weights *= (1.0 / total)[..., None]
-    return weights
 
 
 class MultiHeadAttention(Module):
@@ -246,24 +204,15 @@ class MultiHeadAttention(Module):
 
     with :math:`c = x` for self-attention, :math:`d_k = d_\text{model} / h`,
     biases after each projection, and :math:`M` equal to :math:`-\infty` where
-    the mask forbids a key. :math:`W^Q, W^K, W^V` are stored side by side as
-    ``w_qkv`` of shape ``(d_model, 3 d_model)``; head :math:`i` uses columns
-    ``i d_k .. (i+1) d_k - 1`` of each third.
+    the mask forbids a key. :math:`W^Q, W^K, W^V, W^O` are the weights of the
+    ``Linear`` layers ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj``; head
+    :math:`i` uses columns ``i d_k .. (i+1) d_k - 1`` of each of the first three.
 
-    Backward, per head, with :math:`A` the weights, :math:`O = A V` the head
-    output, :math:`G = \partial L/\partial O` and :math:`s` the score scale
-    (:math:`1/\sqrt{d_k}` unless ``scale`` says otherwise):
-
-    .. math::
-        \frac{\partial L}{\partial V} = A^\top G, \quad
-        \frac{\partial L}{\partial S} = A \odot \bigl(G V^\top - \operatorname{rowsum}(G \odot O)\bigr),
-        \quad
-        \frac{\partial L}{\partial Q} = s\,\frac{\partial L}{\partial S} K, \quad
-        \frac{\partial L}{\partial K} = s\,\Bigl(\frac{\partial L}{\partial S}\Bigr)^{\!\top} Q,
-
-    where :math:`\operatorname{rowsum}(G \odot O)` equals the softmax term
-    :math:`\operatorname{rowsum}(A \odot G V^\top)` but costs :math:`T d_k` per
-    query instead of :math:`T^2`.
+    Backward, with :math:`G` the gradient at the output: ``out_proj`` gives the
+    gradient of the merged heads, split into heads it goes through
+    :func:`~tinyformer.attention.scaled_dot_product_attention_backward` (and back
+    through the rotation, with rotary positions), and each projection's backward
+    pass takes its share. For self-attention the three input gradients add up.
 
     Parameters
     ----------
@@ -272,8 +221,8 @@ class MultiHeadAttention(Module):
     n_heads : int
         Number of heads :math:`h`.
     rng : numpy.random.Generator
-        Draws the Glorot-uniform projections (biases start at zero) and the
-        attention dropout.
+        Draws the Glorot-uniform projections (in the order query, key, value,
+        output; biases start at zero) and the attention dropout.
     dropout : float
         Dropout on the attention weights in training mode.
     bias : bool
@@ -327,56 +276,14 @@ class MultiHeadAttention(Module):
         self.dtype = float_dtype(dtype)
         self.scale = _scale(scale, self.d_k)  # a Python float: float32 stays float32
         rng = generator(rng)
-        d = self.d_model
-        projections = [glorot_uniform(d, d, rng=rng, dtype=self.dtype) for _ in range(3)]
-        self.w_qkv = Parameter(np.concatenate(projections, axis=1))  # (d, 3d)
-        self.b_qkv = Parameter(np.zeros(3 * d, dtype=self.dtype)) if bias else None
-        self.w_out = Parameter(glorot_uniform(d, d, rng=rng, dtype=self.dtype))
-        self.b_out = Parameter(np.zeros(d, dtype=self.dtype)) if bias else None
+        d, options = self.d_model, {"rng": rng, "bias": bias, "dtype": self.dtype}
+        self.q_proj = Linear(d, d, **options)  # W^Q, (d, h d_k)
+        self.k_proj = Linear(d, d, **options)  # W^K
+        self.v_proj = Linear(d, d, **options)  # W^V
+        self.out_proj = Linear(d, d, **options)  # W^O, (h d_k, d)
         self.dropout = Dropout(dropout, rng=rng)
         self.attention_weights: np.ndarray | None = None
 
-    # ------------------------------------------------------------- projections
-    def _project(self, x2: np.ndarray, columns: slice) -> np.ndarray:
-        """``x2 @ W[:, columns] + b[columns]`` for rows ``x2`` of shape ``(N, d_model)``."""
-        y = x2 @ self.w_qkv.value[:, columns]
-        if self.b_qkv is not None:
-            y += self.b_qkv.value[columns]
-        return y
-
-    def _queries_keys_values(
-        self, x: np.ndarray, context: np.ndarray | None, cache: KVCache | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        """Queries (scaled), keys and values as ``(B, h, T, d_k)``, and RoPE positions."""
-        b, t, d = x.shape
-        h, d_k = self.n_heads, self.d_k
-        positions = None
-        if context is None:
-            qkv = self._project(x.reshape(b * t, d), slice(None))  # (B T, 3 d)
-            qkv = qkv.reshape(b, t, 3, h, d_k).transpose(2, 0, 3, 1, 4)  # (3, B, h, T, d_k)
-            q, k, v = qkv[0], qkv[1], qkv[2]
-            if self.rotary:
-                start = 0 if cache is None else len(cache)
-                positions = np.arange(start, start + t)
-                q = apply_rotary(q, positions, base=self.rotary_base)
-                k = apply_rotary(k, positions, base=self.rotary_base)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, h, T_cached + T, d_k)
-        else:
-            q = _split_heads(self._project(x.reshape(b * t, d), slice(0, d)).reshape(b, t, d), h)
-            if cache is not None and len(cache):
-                k, v = cache.keys, cache.values
-            else:
-                s = context.shape[1]
-                kv = self._project(context.reshape(b * s, d), slice(d, 3 * d))  # (B S, 2 d)
-                kv = kv.reshape(b, s, 2, h, d_k).transpose(2, 0, 3, 1, 4)  # (2, B, h, S, d_k)
-                k, v = kv[0], kv[1]
-                if cache is not None:
-                    k, v = cache.append(k, v)
-        q *= self.scale  # q is a fresh array: scaling the (B, h, T, d_k) queries is cheapest
-        return q, k, v, positions
-
-    # ----------------------------------------------------------------- forward
     def _check_inputs(
         self, x: object, context: object, cache: object
     ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -385,9 +292,10 @@ class MultiHeadAttention(Module):
             raise ValueError(f"x must have shape (B, T, d_model), got shape {x.shape}")
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache or None, got {describe(cache)}")
-        if cache is not None and cache.keys is not None and cache.keys.shape[0] != x.shape[0]:
+        held = None if cache is None or cache._keys is None else cache._keys.shape[0]
+        if held is not None and held != x.shape[0]:
             raise ValueError(
-                f"cache holds {cache.keys.shape[0]} sequences but x has batch size"
+                f"cache holds {held} sequences but x has batch size"
                 f" {x.shape[0]}: call cache.reset() before decoding a new batch"
             )
         if context is None:
@@ -421,7 +329,10 @@ class MultiHeadAttention(Module):
             Broadcastable to ``(B, T_q, T_k)`` (no head axis), True where a
             query may attend. With a cache, ``T_k`` counts the cached positions.
         cache : KVCache, optional
-            Inference only: a forward with a cache cannot be followed by backward.
+            For decoding: self-attention appends the new keys and values and
+            attends to all cached ones; cross-attention fills it from
+            ``context`` once and reuses it. A forward with a cache cannot be
+            followed by backward.
 
         Returns
         -------
@@ -429,25 +340,36 @@ class MultiHeadAttention(Module):
             ``(B, T_q, d_model)``.
         """
         x, context = self._check_inputs(x, context, cache)
-        b, t, d = x.shape
-        q, k, v, positions = self._queries_keys_values(x, context, cache)
+        b, t, _ = x.shape
+        h = self.n_heads
+        q = _split_heads(self.q_proj.forward(x), h)  # (B, h, T_q, d_k)
+        positions = None
+        if context is not None and cache is not None and len(cache):
+            k, v = cache.keys, cache.values  # the memory's, computed at the first step
+        else:
+            source = x if context is None else context
+            k = _split_heads(self.k_proj.forward(source), h)  # (B, h, T_k, d_k)
+            v = _split_heads(self.v_proj.forward(source), h)
+            if self.rotary:  # x's positions continue after the cached ones
+                start = 0 if cache is None else len(cache)
+                positions = np.arange(start, start + t)
+                q = apply_rotary(q, positions, base=self.rotary_base)
+                k = apply_rotary(k, positions, base=self.rotary_base)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, h, T_cached + T, d_k)
         allowed = None if mask is None else _layer_mask(mask, (b, t, k.shape[2]))
-        weights = _softmax_in_place(q @ k.transpose(0, 1, 3, 2), allowed)  # (B, h, T_q, T_k)
+        keep = self.dropout.mask((b, h, t, k.shape[2]), self.dtype)  # None unless training
+        heads, weights = _attention(q, k, v, allowed, self.scale, keep)  # as derived, all heads
+        # heads (B, h, T_q, d_k), weights (B, h, T_q, T_k)
         self.attention_weights = weights
-        used = self.dropout.forward(weights)  # (B, h, T_q, T_k)
-        heads = np.empty((b, t, self.n_heads, self.d_k), dtype=self.dtype)  # (B, T, h, d_k)
-        np.matmul(used, v, out=heads.transpose(0, 2, 1, 3))  # written straight into (B, T, h, d_k)
-        merged = heads.reshape(b * t, d)  # (B T, d): the heads side by side, no copy
-        out = merged @ self.w_out.value
-        if self.b_out is not None:
-            out += self.b_out.value
+        merged = _merge_heads(heads)  # (B, T_q, d_model): the heads side by side
+        out = self.out_proj.forward(merged)  # (B, T_q, d_model)
         if cache is None:
-            self._save(x, context, q, k, v, weights, used, merged, positions)
+            self._save(q, k, v, weights, merged, keep, positions, context is not None)
         else:
             self._save(None)
-        return out.reshape(b, t, d)
+        return out
 
-    # ---------------------------------------------------------------- backward
     def backward(self, grad_out: np.ndarray) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Gradient for ``x`` (self-attention) or ``(grad_x, grad_context)`` (cross)."""
         saved = self._saved()
@@ -456,73 +378,23 @@ class MultiHeadAttention(Module):
                 "MultiHeadAttention.backward is not available after a forward with a cache:"
                 " the key/value cache is for inference; run forward without it to train"
             )
-        x, context, q, k, v, weights, used, merged, positions = saved
-        b, t, d = x.shape
-        grad = self._check_grad(grad_out, x.shape, self.dtype).reshape(b * t, d)
-        self.w_out.grad += merged.T @ grad
-        if self.b_out is not None:
-            self.b_out.grad += sum_rows(grad)
-        grad_merged = grad @ self.w_out.value.T  # (B T, d)
-        grad_heads = _split_heads(grad_merged.reshape(b, t, d), self.n_heads)  # (B, h, T, d_k)
-        # rowsum(G * O) per head equals the softmax term rowsum(A * dL/dA): (B, h, T, 1)
-        products = (grad_merged * merged).reshape(b * t * self.n_heads, self.d_k)
-        row_term = products @ np.ones(self.d_k, dtype=self.dtype)  # (B T h,)
-        row_term = row_term.reshape(b, t, self.n_heads).transpose(0, 2, 1)[..., None]
-        grad_q, grad_k, grad_v, buffer = self._grad_buffers(b, t, k.shape[2], context is None)
-        np.matmul(used.transpose(0, 1, 3, 2), grad_heads, out=grad_v)  # (B, h, T_k, d_k)
-        grad_scores = grad_heads @ v.transpose(0, 1, 3, 2)  # dL/dA, (B, h, T_q, T_k)
-        grad_scores = self.dropout.backward(grad_scores)
-        grad_scores -= row_term
-        grad_scores *= weights  # dL/dS
-        np.matmul(grad_scores, k, out=grad_q)  # (B, h, T_q, d_k)
-        grad_q *= self.scale
-        np.matmul(grad_scores.transpose(0, 1, 3, 2), q, out=grad_k)  # q holds s Q already
-        if positions is not None:  # undo the rotation: its transpose is the inverse rotation
-            grad_q[...] = apply_rotary(grad_q, positions, base=self.rotary_base, inverse=True)
-            grad_k[...] = apply_rotary(grad_k, positions, base=self.rotary_base, inverse=True)
-        return self._input_gradients(x, context, buffer)
-
-    def _grad_buffers(
-        self, b: int, t: int, s: int, fused: bool
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
-        """Arrays laid out like the projections' outputs, with ``(B, h, T, d_k)`` views."""
-        h, d_k = self.n_heads, self.d_k
-        if fused:
-            qkv = np.empty((b, t, 3, h, d_k), dtype=self.dtype)
-            views = qkv.transpose(2, 0, 3, 1, 4)  # (3, B, h, T, d_k)
-            return views[0], views[1], views[2], (qkv.reshape(b * t, 3 * h * d_k),)
-        q = np.empty((b, t, h, d_k), dtype=self.dtype)
-        kv = np.empty((b, s, 2, h, d_k), dtype=self.dtype)
-        views = kv.transpose(2, 0, 3, 1, 4)  # (2, B, h, S, d_k)
-        return (
-            q.transpose(0, 2, 1, 3),
-            views[0],
-            views[1],
-            (q.reshape(b * t, h * d_k), kv.reshape(b * s, 2 * h * d_k)),
-        )
-
-    def _input_gradients(
-        self, x: np.ndarray, context: np.ndarray | None, buffer: tuple[np.ndarray, ...]
-    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Back through the input projections: add into ``w_qkv``/``b_qkv``, return inputs' grads."""
-        b, t, d = x.shape
-        x2 = x.reshape(b * t, d)
-        if context is None:
-            (grad_qkv,) = buffer  # (B T, 3 d)
-            self.w_qkv.grad += x2.T @ grad_qkv
-            if self.b_qkv is not None:
-                self.b_qkv.grad += sum_rows(grad_qkv)
-            return (grad_qkv @ self.w_qkv.value.T).reshape(x.shape)
-        grad_q, grad_kv = buffer  # (B T, d), (B S, 2 d)
-        c2 = context.reshape(-1, d)
-        self.w_qkv.grad[:, :d] += x2.T @ grad_q
-        self.w_qkv.grad[:, d:] += c2.T @ grad_kv
-        if self.b_qkv is not None:
-            self.b_qkv.grad[:d] += sum_rows(grad_q)
-            self.b_qkv.grad[d:] += sum_rows(grad_kv)
-        grad_x = (grad_q @ self.w_qkv.value[:, :d].T).reshape(x.shape)
-        grad_context = (grad_kv @ self.w_qkv.value[:, d:].T).reshape(context.shape)
-        return grad_x, grad_context
+        q, k, v, weights, merged, keep, positions, cross = saved
+        h = self.n_heads
+        grad_heads = _split_heads(self.out_proj.backward(grad_out), h)  # (B, h, T, d_k)
+        output = _split_heads(merged, h)  # the heads' outputs, (B, h, T, d_k)
+        grad_q, grad_k, grad_v = _attention_backward(
+            grad_heads, q, k, v, weights, output, self.scale, keep
+        )  # (B, h, T, d_k) each
+        if positions is not None:  # the rotation's transpose is the inverse rotation
+            grad_q = apply_rotary(grad_q, positions, base=self.rotary_base, inverse=True)
+            grad_k = apply_rotary(grad_k, positions, base=self.rotary_base, inverse=True)
+        grad_x = self.q_proj.backward(_merge_heads(grad_q))  # (B, T_q, d)
+        grad_source = self.k_proj.backward(_merge_heads(grad_k))  # (B, T_k, d)
+        grad_source += self.v_proj.backward(_merge_heads(grad_v))
+        if cross:
+            return grad_x, grad_source
+        grad_x += grad_source  # self-attention: x fed all three projections
+        return grad_x
 
 
 def multi_head_attention_loop(
@@ -540,19 +412,21 @@ def multi_head_attention_loop(
     if not isinstance(layer, MultiHeadAttention):
         raise TypeError(f"layer must be a MultiHeadAttention, got {type(layer).__name__}")
     source = x if context is None else context
-    d, d_k = layer.d_model, layer.d_k
-    w = layer.w_qkv.value
-    bias = np.zeros(3 * d, layer.dtype) if layer.b_qkv is None else layer.b_qkv.value
+    d_k = layer.d_k
+
+    def project(linear: Linear, inputs: np.ndarray, cols: slice) -> np.ndarray:
+        out = inputs @ linear.weight.value[:, cols]
+        return out if linear.bias is None else out + linear.bias.value[cols]
+
     heads = []
     for i in range(layer.n_heads):
-        cols = [slice(j * d + i * d_k, j * d + (i + 1) * d_k) for j in range(3)]
-        q = x @ w[:, cols[0]] + bias[cols[0]]  # (B, T_q, d_k)
-        k = source @ w[:, cols[1]] + bias[cols[1]]  # (B, T_k, d_k)
-        v = source @ w[:, cols[2]] + bias[cols[2]]
+        cols = slice(i * d_k, (i + 1) * d_k)
+        q = project(layer.q_proj, x, cols)  # (B, T_q, d_k)
+        k = project(layer.k_proj, source, cols)  # (B, T_k, d_k)
+        v = project(layer.v_proj, source, cols)
         if layer.rotary:
             q = apply_rotary(q, base=layer.rotary_base)
             k = apply_rotary(k, base=layer.rotary_base)
-        head, _ = scaled_dot_product_attention(q, k, v, mask)  # (B, T_q, d_k)
+        head, _ = scaled_dot_product_attention(q, k, v, mask, scale=layer.scale)  # (B, T_q, d_k)
         heads.append(head)
-    out = np.concatenate(heads, axis=-1) @ layer.w_out.value  # (B, T_q, d_model)
-    return out if layer.b_out is None else out + layer.b_out.value
+    return project(layer.out_proj, np.concatenate(heads, axis=-1), slice(None))

@@ -22,7 +22,7 @@ from tinyformer._validation import (
 from tinyformer.layers import sum_rows
 from tinyformer.module import Module, Parameter
 
-__all__ = ["BatchNorm", "LayerNorm", "RMSNorm"]
+__all__ = ["NORMS", "BatchNorm", "LayerNorm", "RMSNorm", "make_norm"]
 
 
 def _row_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -35,9 +35,14 @@ def _column_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->j", a, b)
 
 
-def _row_mean(x: np.ndarray) -> np.ndarray:
-    """Mean of each row of ``(N, d)``, shape ``(N,)``: a matrix-vector product, fast in BLAS."""
-    return x @ np.full(x.shape[1], 1.0 / x.shape[1], dtype=x.dtype)
+def _row_mean(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Mean of each row of ``(N, d)``, shape ``(N,)``: a matrix-vector product, fast in BLAS.
+
+    ``weights`` is the vector ``(d,)`` of entries ``1/d`` when the caller keeps one.
+    """
+    if weights is None:
+        weights = np.full(x.shape[1], 1.0 / x.shape[1], dtype=x.dtype)
+    return x @ weights
 
 
 class LayerNorm(Module):
@@ -79,12 +84,13 @@ class LayerNorm(Module):
         self.dtype = float_dtype(dtype)
         self.gain = Parameter(np.ones(self.d_model, dtype=self.dtype))
         self.bias = Parameter(np.zeros(self.d_model, dtype=self.dtype))
+        self._mean = np.full(self.d_model, 1.0 / self.d_model, dtype=self.dtype)  # (d,): 1/d
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """Normalize ``x`` of shape ``(..., d_model)``; same shape out."""
         x = layer_input(x, "x", self.dtype, last_dim=self.d_model)
         rows = x.reshape(-1, self.d_model)  # (N, d)
-        x_hat = rows - _row_mean(rows)[:, None]
+        x_hat = rows - _row_mean(rows, self._mean)[:, None]
         inv_std = (1.0 / np.sqrt(_row_dot(x_hat, x_hat) / self.d_model + self.eps))[:, None]
         x_hat *= inv_std  # (N, d)
         self._save(x.shape, x_hat, inv_std)
@@ -100,7 +106,7 @@ class LayerNorm(Module):
         self.bias.grad += sum_rows(grad)
         g = grad * self.gain.value  # (N, d)
         projection = _row_dot(g, x_hat)[:, None] / self.d_model  # (N, 1)
-        g -= _row_mean(g)[:, None]
+        g -= _row_mean(g, self._mean)[:, None]
         g -= x_hat * projection
         g *= inv_std
         return g.reshape(shape)
@@ -259,3 +265,14 @@ class BatchNorm(Module):
         self.running_mean = (1 - m) * self.running_mean + m * mean
         self.running_var = (1 - m) * self.running_var + m * var * (n / (n - 1))
         return mean, var
+
+
+NORMS: dict[str, type[LayerNorm | RMSNorm]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+"""The norms a transformer block can be built with, by the name a configuration gives."""
+
+
+def make_norm(kind: str, d_model: int, *, eps: float, dtype: object) -> LayerNorm | RMSNorm:
+    """The norm named ``kind`` (a key of :data:`NORMS`) over ``d_model`` features."""
+    if kind not in NORMS:
+        raise ValueError(f"kind must be one of {sorted(NORMS)}, got {kind!r}")
+    return NORMS[kind](d_model, eps=eps, dtype=dtype)

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tinyformer._validation import describe, positive_int
+from tinyformer.attention import _attention
 from tinyformer.feedforward import _FUNCTIONS, FeedForward
-from tinyformer.functional import softmax
+from tinyformer.layers import Linear
 from tinyformer.module import Module
-from tinyformer.multihead import MultiHeadAttention
+from tinyformer.multihead import MultiHeadAttention, _layer_mask
 
 __all__ = [
     "Communication",
@@ -165,26 +166,29 @@ def tensor_parallel_attention(
             f"attention must be a MultiHeadAttention without rotary positions,"
             f" got {describe(attention)}"
         )
-    h, d_k, d = attention.n_heads, attention.d_k, attention.d_model
+    h, d_k = attention.n_heads, attention.d_k
     n = _devices(n_devices, h, "n_heads")
-    w, w_out = attention.w_qkv.value, attention.w_out.value  # (d, 3d), (d, d)
-    b = attention.b_qkv.value if attention.b_qkv is not None else np.zeros(3 * d, w.dtype)
-    scale = x.dtype.type(attention.scale)
+    projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+    b, t = x.shape[:2]
+    allowed = None if mask is None else _layer_mask(mask, (b, t, t))  # (B, 1, T, T) or less
     partial = []
     for heads in np.split(np.arange(h), n):  # device j's heads
         cols = np.concatenate([np.arange(i * d_k, (i + 1) * d_k) for i in heads])
-        q, k, v = (x @ w[:, part * d + cols] + b[part * d + cols] for part in range(3))
-        q, k, v = (a.reshape(*x.shape[:2], len(heads), d_k).swapaxes(1, 2) for a in (q, k, v))
-        scores = (q @ k.swapaxes(-1, -2)) * scale  # (B, h/n, T, T)
-        if mask is not None:
-            scores = np.where(mask[:, None] if mask.ndim == 3 else mask, scores, -np.inf)
-        mixed = softmax(scores, axis=-1) @ v  # (B, h/n, T, d_k)
-        merged = mixed.swapaxes(1, 2).reshape(*x.shape[:2], len(cols))  # (B, T, d/n)
-        partial.append(merged @ w_out[cols])  # (B, T, d): device j's share
-    out = all_reduce(partial, log)
-    if attention.b_out is not None:
-        out += attention.b_out.value
+        q, k, v = (_columns(x, linear, cols) for linear in projections)
+        q, k, v = (a.reshape(b, t, len(heads), d_k).swapaxes(1, 2) for a in (q, k, v))
+        mixed, _ = _attention(q, k, v, allowed, attention.scale, None)  # (B, h/n, T, d_k)
+        merged = mixed.swapaxes(1, 2).reshape(b, t, len(cols))  # (B, T, d/n)
+        partial.append(merged @ attention.out_proj.weight.value[cols])  # device j's share
+    out = all_reduce(partial, log)  # (B, T, d)
+    if attention.out_proj.bias is not None:
+        out += attention.out_proj.bias.value
     return out
+
+
+def _columns(x: np.ndarray, linear: Linear, cols: np.ndarray) -> np.ndarray:
+    """The columns ``cols`` of ``linear``'s output: what a device holding them computes."""
+    out = x @ linear.weight.value[:, cols]
+    return out if linear.bias is None else out + linear.bias.value[cols]
 
 
 # -------------------------------------------------------------- pipeline parallel

@@ -239,12 +239,12 @@ def sinusoidal_shift_matrix(offset: int, d_model: int, *, base: float = 10000.0)
     return m
 
 
-def _positions_slice(x: np.ndarray, start: object, max_len: int | None, kind: str) -> slice:
+def _positions_slice(x: np.ndarray, start: object, context_length: int | None, kind: str) -> slice:
     start = non_negative_int(start, "start")
     stop = start + x.shape[-2]
-    if max_len is not None and stop > max_len:
+    if context_length is not None and stop > context_length:
         raise ValueError(
-            f"{kind} covers positions 0..{max_len - 1}, but x of shape {x.shape}"
+            f"{kind} covers positions 0..{context_length - 1}, but x of shape {x.shape}"
             f" starting at {start} needs position {stop - 1}"
         )
     return slice(start, stop)
@@ -257,24 +257,24 @@ class SinusoidalPositionalEncoding(Module):
     ----------
     d_model : int
         Model width (even).
-    max_len : int
+    context_length : int
         Length of the precomputed table; longer inputs are rejected.
     dtype : float32 or float64
         Dtype of the table and of accepted inputs.
     """
 
-    def __init__(self, d_model: int, max_len: int = 4096, *, dtype: object = np.float64):
+    def __init__(self, d_model: int, context_length: int = 4096, *, dtype: object = np.float64):
         super().__init__()
         self.d_model = _even_size(d_model)
-        self.max_len = positive_int(max_len, "max_len")
-        self.table = sinusoidal_encoding(self.max_len, self.d_model, dtype=dtype)
+        self.context_length = positive_int(context_length, "context_length")
+        self.table = sinusoidal_encoding(self.context_length, self.d_model, dtype=dtype)
 
     def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
         """Return ``x + PE[start : start + T]`` for ``x`` of shape ``(..., T, d_model)``."""
         x = float_array(x, "x", min_ndim=2, last_dim=self.d_model)
         if x.dtype != self.table.dtype:
             raise TypeError(f"x must have dtype {self.table.dtype}, got {x.dtype}")
-        rows = _positions_slice(x, start, self.max_len, "the sinusoidal table")
+        rows = _positions_slice(x, start, self.context_length, "the sinusoidal table")
         self._save(x.shape)
         return x + self.table[rows]
 
@@ -288,12 +288,12 @@ class LearnedPositionalEmbedding(Module):
     r"""A trainable table of position vectors added to the input.
 
     Initialized :math:`\mathcal{N}(0, \text{init\_std}^2)`. Unlike sinusoids, it
-    has nothing to say about positions at or beyond ``max_len``: they are errors.
+    has nothing to say about positions at or beyond ``context_length``: they are errors.
     """
 
     def __init__(
         self,
-        max_len: int,
+        context_length: int,
         d_model: int,
         *,
         rng: np.random.Generator,
@@ -302,18 +302,20 @@ class LearnedPositionalEmbedding(Module):
     ):
         super().__init__()
         rng = generator(rng)
-        self.max_len = positive_int(max_len, "max_len")
+        self.context_length = positive_int(context_length, "context_length")
         self.d_model = positive_int(d_model, "d_model")
         std = positive_float(init_std, "init_std")
         dtype = float_dtype(dtype)
-        self.weight = Parameter(rng.normal(0.0, std, (self.max_len, self.d_model)).astype(dtype))
+        self.weight = Parameter(
+            rng.normal(0.0, std, (self.context_length, self.d_model)).astype(dtype)
+        )
 
     def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
         """Return ``x + P[start : start + T]`` for ``x`` of shape ``(..., T, d_model)``."""
         x = float_array(x, "x", min_ndim=2, last_dim=self.d_model)
         if x.dtype != self.weight.dtype:
             raise TypeError(f"x must have dtype {self.weight.dtype}, got {x.dtype}")
-        rows = _positions_slice(x, start, self.max_len, "the learned position table")
+        rows = _positions_slice(x, start, self.context_length, "the learned position table")
         self._save(x.shape, rows)
         return x + self.weight.value[rows]
 
@@ -383,7 +385,7 @@ def apply_rotary(
     return out
 
 
-def halves_permutation(d_head: int) -> np.ndarray:
+def halves_permutation(d_k: int) -> np.ndarray:
     r"""The feature order that carries the ``"adjacent"`` RoPE layout to the ``"halves"`` one.
 
     With ``perm = halves_permutation(d)``, feature :math:`2i` moves to slot
@@ -399,9 +401,9 @@ def halves_permutation(d_head: int) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        Shape ``(d_head,)``, int64: ``[0, 2, 4, ..., d - 2, 1, 3, ..., d - 1]``.
+        Shape ``(d_k,)``, int64: ``[0, 2, 4, ..., d - 2, 1, 3, ..., d - 1]``.
     """
-    d = _even_size(d_head, "d_head")
+    d = _even_size(d_k, "d_k")
     return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
 
 
@@ -410,7 +412,7 @@ class RotaryEmbedding(Module):
 
     Parameters
     ----------
-    d_head : int
+    d_k : int
         Width of each query or key (even).
     base : float
         Frequency base, as in :func:`rotary_frequencies`.
@@ -418,16 +420,16 @@ class RotaryEmbedding(Module):
         ``"adjacent"`` or ``"halves"``: which features are paired, as in :func:`apply_rotary`.
     """
 
-    def __init__(self, d_head: int, *, base: float = 10000.0, layout: str = "adjacent"):
+    def __init__(self, d_k: int, *, base: float = 10000.0, layout: str = "adjacent"):
         super().__init__()
-        self.d_head = _even_size(d_head, "d_head")
+        self.d_k = _even_size(d_k, "d_k")
         self.base = positive_float(base, "base")
-        _pair_slices(layout, self.d_head)  # checks the layout's name
+        _pair_slices(layout, self.d_k)  # checks the layout's name
         self.layout = layout
 
     def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
-        """Rotate ``x`` of shape ``(..., T, d_head)`` for positions ``start .. start+T-1``."""
-        x = float_array(x, "x", min_ndim=2, last_dim=self.d_head)
+        """Rotate ``x`` of shape ``(..., T, d_k)`` for positions ``start .. start+T-1``."""
+        x = float_array(x, "x", min_ndim=2, last_dim=self.d_k)
         rows = _positions_slice(x, start, None, "RoPE")
         positions = np.arange(rows.start, rows.stop)
         self._save(x.shape, x.dtype, positions)

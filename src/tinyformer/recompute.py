@@ -26,7 +26,10 @@ from tinyformer.module import Module
 
 __all__ = ["Checkpointed", "checkpoint_blocks", "uncheckpoint_blocks"]
 
-_STACKS = ("layers", "encoder_layers", "decoder_layers")
+
+def _stacks(model: Module) -> list[Module]:
+    """The modules of ``model`` that hold their blocks in a ``layers`` list (its stacks)."""
+    return [m for m in model.modules() if isinstance(vars(m).get("layers"), list)]
 
 
 class Checkpointed(Module):
@@ -45,7 +48,7 @@ class Checkpointed(Module):
     The wrapper adds no parameters and no names:
     :meth:`~tinyformer.module.Module.named_parameters` and
     :meth:`~tinyformer.module.Module.state_dict` list the blocks' parameters as if the
-    blocks stood in the model directly (``layers.0...``, ``layers.1...``). With a
+    blocks stood in the stack directly (``decoder.layers.0...``). With a
     key/value ``cache`` (step-by-step decoding, no backward) the blocks run normally.
     """
 
@@ -119,8 +122,8 @@ def checkpoint_blocks(model: Module, segment: int = 1) -> Module:
     Parameters
     ----------
     model : Module
-        A model with a ``layers`` list (decoder-only, encoder-only) or ``encoder_layers``
-        and ``decoder_layers`` lists (encoder-decoder).
+        A model whose stacks (:class:`~tinyformer.models.stack.TransformerStack`, one or
+        two) hold their blocks in a ``layers`` list, or such a stack itself.
     segment : int
         Blocks per segment: 1 keeps every block's input, :math:`\sqrt{L}` is the choice
         of :cite:t:`chen2016training`. The encoder-decoder's decoder stack needs 1 if the
@@ -132,26 +135,25 @@ def checkpoint_blocks(model: Module, segment: int = 1) -> Module:
         ``model`` itself; :func:`uncheckpoint_blocks` undoes the wrapping.
     """
     segment = positive_int(segment, "segment")
-    stacks = [name for name in _STACKS if isinstance(getattr(model, name, None), list)]
+    stacks = _stacks(model)
     if not stacks:
-        raise TypeError(f"model must have a list of blocks named {_STACKS}, got {describe(model)}")
+        raise TypeError(
+            f"model must hold its blocks in a list named layers (a stack), got {describe(model)}"
+        )
     uncheckpoint_blocks(model)
-    for name in stacks:
-        blocks = getattr(model, name)
-        wrapped = [
+    for stack in stacks:
+        blocks = stack.layers  # type: ignore[attr-defined]
+        stack.layers = [  # type: ignore[attr-defined]
             Checkpointed(blocks[i : i + segment], first=i) for i in range(0, len(blocks), segment)
         ]
-        setattr(model, name, wrapped)
     return model
 
 
 def uncheckpoint_blocks(model: Module) -> Module:
     """Put the blocks of :func:`checkpoint_blocks` back in place; return ``model``."""
-    for name in _STACKS:
-        stack = getattr(model, name, None)
-        if isinstance(stack, list):
-            blocks = []
-            for item in stack:
-                blocks.extend(item.blocks if isinstance(item, Checkpointed) else [item])
-            setattr(model, name, blocks)
+    for stack in _stacks(model):
+        blocks = []
+        for item in stack.layers:  # type: ignore[attr-defined]
+            blocks.extend(item.blocks if isinstance(item, Checkpointed) else [item])
+        stack.layers = blocks  # type: ignore[attr-defined]
     return model

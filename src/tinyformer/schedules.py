@@ -110,7 +110,7 @@ class WarmupCosineSchedule:
     peak_lr : float
         :math:`\eta_\text{max} > 0`, reached at step :math:`w`.
     warmup_steps : int
-        :math:`w \ge 0` (0: start at the peak).
+        :math:`w \ge 0` (0: no warm-up, the cosine starts from the peak at step 0).
     total_steps : int
         :math:`T > w`, where the rate reaches ``min_lr`` and stays.
     min_lr : float

@@ -1,13 +1,22 @@
-"""Checkpoints: round trip, atomic writes, and every kind of bad file rejected with nothing changed."""
+"""Checkpoints: round trip, atomic writes, version 1 files, and every bad file rejected unchanged.
+
+The version 1 files in ``fixtures/`` were written by tinyformer before its models were
+rebuilt from one stack (fused attention projections, flat parameter names); see
+``fixtures/make_checkpoint_v1.py`` for how. They must load into today's models and
+resume training exactly where they stopped.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zipfile
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
+from small_models import LLAMA, decoder_only, encoder_decoder, encoder_only, perturb
 
 import tinyformer.checkpoint as ckpt
 from tinyformer.checkpoint import (
@@ -17,11 +26,21 @@ from tinyformer.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
+from tinyformer.data import BPETokenizer, CharTokenizer, WordTokenizer
 from tinyformer.layers import Dropout, Embedding, Linear
-from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
+from tinyformer.losses import cross_entropy
+from tinyformer.models import (
+    DecoderOnlyConfig,
+    DecoderOnlyLM,
+    EncoderDecoder,
+    EncoderOnlyMLM,
+    load_model,
+)
 from tinyformer.module import Module
-from tinyformer.optim import SGD, Adam
+from tinyformer.optim import SGD, Adam, AdamW
 from tinyformer.training import History
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @dataclass(frozen=True)
@@ -237,7 +256,21 @@ def bad_files(path, tmp_path):
         (
             "future version",
             rewrite(path, out / "v.npz", metadata_change=lambda m: m.update(version=99)),
-            "version 99 is not supported",
+            r"format version 99 is not supported \(this tinyformer reads versions 1 and 2\)",
+        )
+    )
+    cases.append(
+        (
+            "version as text",
+            rewrite(path, out / "v2.npz", metadata_change=lambda m: m.update(version="2")),
+            "format version '2' is not supported",
+        )
+    )
+    cases.append(
+        (
+            "no version",
+            rewrite(path, out / "v0.npz", metadata_change=lambda m: m.pop("version")),
+            "format version None is not supported",
         )
     )
     cases.append(
@@ -324,9 +357,7 @@ def bad_files(path, tmp_path):
 def test_every_bad_checkpoint_raises_naming_the_file_and_changes_nothing(saved, tmp_path):
     path, _ = saved
     (tmp_path / "bad").mkdir()
-    cases = bad_files(path, tmp_path / "bad")  # a folder of its own
-    assert len(cases) == 17
-    for name, bad, pattern in cases:
+    for name, bad, pattern in bad_files(path, tmp_path / "bad"):  # a folder of its own
         model, optimizer, data_rng, before = fresh()
         with pytest.raises(ValueError, match=pattern) as info:
             load_checkpoint(bad, model, optimizer, generators={"data": data_rng})
@@ -379,7 +410,6 @@ def test_real_model_round_trip_with_float32(tmp_path):
         dropout=0.1, dtype="float32",
     )  # fmt: skip
     model = DecoderOnlyLM(config, rng=np.random.default_rng(0))
-    model.rng_probe = None
     path = save_checkpoint(tmp_path / "lm.npz", model, step=2)
     other = DecoderOnlyLM(config, rng=np.random.default_rng(1))
     load_checkpoint(path, other)
@@ -396,3 +426,161 @@ def test_real_model_round_trip_with_float32(tmp_path):
     )
     with pytest.raises(ValueError, match="dtype: saved 'float32', model 'float64'"):
         load_checkpoint(path, wide)
+
+
+def test_a_checkpoint_of_another_size_is_refused_by_field(tmp_path):
+    model = encoder_only(0, context_length=8)
+    path = save_checkpoint(tmp_path / "mlm.npz", model)
+    other = EncoderOnlyMLM(
+        dataclasses.replace(model.config, context_length=9), rng=np.random.default_rng(0)
+    )
+    with pytest.raises(ValueError, match="context_length: saved 8, model 9"):
+        load_checkpoint(path, other)
+    rms = EncoderOnlyMLM(
+        dataclasses.replace(model.config, norm="rmsnorm"), rng=np.random.default_rng(0)
+    )
+    with pytest.raises(ValueError, match="norm: saved 'layernorm', model 'rmsnorm'"):
+        load_checkpoint(path, rms)
+
+
+# -------------------------------------------------- real models, version 2
+SOURCE = np.array([[3, 4, 5, 6], [5, 6, 0, 0]])
+TARGET = np.array([[1, 2, 3, 4], [1, 4, 5, 0]])
+FAMILIES = {
+    "decoder-only": (decoder_only, lambda m: m.forward(TARGET[:, :-1]), TARGET[:, 1:]),
+    "encoder-decoder": (
+        encoder_decoder,
+        lambda m: m.forward(SOURCE, TARGET[:, :-1]),
+        TARGET[:, 1:],
+    ),
+    "encoder-only": (encoder_only, lambda m: m.forward(SOURCE), SOURCE),
+}
+
+
+def _train_step(model, optimizer, run, targets) -> None:
+    model.zero_grad()
+    _, grad = cross_entropy(run(model), targets, ignore_index=0)
+    model.backward(grad)
+    optimizer.step()
+
+
+@pytest.mark.parametrize("options", [{}, LLAMA], ids=["defaults", "llama"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_version_2_round_trip_resumes_training_exactly(tmp_path, family, options):
+    make, run, targets = FAMILIES[family]
+    model = perturb(make(0, dropout=0.1, **options), 1)
+    optimizer = AdamW(model.parameters(), lr=1e-2)
+    for _ in range(2):
+        _train_step(model, optimizer, run, targets)
+    path = save_checkpoint(tmp_path / "run.npz", model, optimizer, step=2)
+    assert read_checkpoint(path).metadata["version"] == ckpt.VERSION == 2
+    names = set(read_checkpoint(path).group("model"))
+    assert names == set(model.state_dict())  # today's names: q_proj, k_proj, ...
+    _train_step(model, optimizer, run, targets)  # the run goes on
+    twin = make(7, dropout=0.1, **options)  # other weights and other dropout generator
+    twin_optimizer = AdamW(twin.parameters(), lr=1e-2)
+    assert load_checkpoint(path, twin, twin_optimizer).step == 2
+    assert twin_optimizer.step_count == 2
+    _train_step(twin, twin_optimizer, run, targets)  # the same step, dropout masks included
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(twin.state_dict()[name], value, err_msg=name)
+
+
+# --------------------------------------------------------- version 1 files
+# The inputs make_checkpoint_v1.py drew (numpy.random.default_rng(0)), as they came out.
+V1_SOURCE = np.array([[7, 6, 5, 3, 3], [1, 1, 1, 2, 7], [6, 8, 5, 5, 8]])
+V1_TARGET = np.array([[6, 6, 5, 5, 8, 3], [7, 6, 1, 4, 7, 5], [1, 7, 6, 7, 2, 1]])
+V1_IDS = np.array([[7, 7, 8, 1, 5, 8, 6], [0, 1, 4, 0, 3, 8, 5], [1, 4, 2, 2, 3, 3, 7]])
+VERSION_1 = {
+    "encoder_decoder": (
+        EncoderDecoder,
+        lambda m: m.forward(V1_SOURCE, V1_TARGET[:, :-1]),
+        V1_TARGET[:, 1:],
+    ),
+    "decoder_only": (DecoderOnlyLM, lambda m: m.forward(V1_IDS[:, :-1]), V1_IDS[:, 1:]),
+    "encoder_only": (EncoderOnlyMLM, lambda m: m.forward(V1_IDS), V1_IDS),
+}
+
+
+def _version_1_step(model, optimizer, run, targets) -> None:
+    """One training step as make_checkpoint_v1.py took it (no ignored index)."""
+    model.zero_grad()
+    _, grad = cross_entropy(run(model), targets)
+    model.backward(grad)
+    optimizer.step()
+
+
+@pytest.mark.parametrize("name", list(VERSION_1))
+def test_a_version_1_file_loads_with_load_model(name):
+    model_class, run, _ = VERSION_1[name]
+    path = FIXTURES / f"checkpoint_v1_{name}.npz"
+    checkpoint = read_checkpoint(path)
+    assert checkpoint.metadata["version"] == 1
+    assert checkpoint.step == 2
+    model = load_model(path)
+    assert type(model) is model_class
+    assert set(checkpoint.group("model")) == set(model.state_dict())  # upgraded as it was read
+    recorded = np.load(FIXTURES / f"checkpoint_v1_{name}_logits.npz")
+    np.testing.assert_allclose(run(model), recorded["before"], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(VERSION_1))
+def test_a_version_1_file_resumes_training_where_it_stopped(name):
+    model_class, run, targets = VERSION_1[name]
+    path = FIXTURES / f"checkpoint_v1_{name}.npz"
+    recorded = np.load(FIXTURES / f"checkpoint_v1_{name}_logits.npz")
+    fresh = load_model(path).train()  # the right configuration, then other weights
+    model = model_class(fresh.config, rng=np.random.default_rng(123))
+    optimizer = AdamW(model.parameters(), lr=1e-2)
+    assert load_checkpoint(path, model, optimizer).step == 2
+    assert optimizer.step_count == 2
+    np.testing.assert_allclose(run(model), recorded["before"], rtol=0, atol=1e-12)
+    _version_1_step(model, optimizer, run, targets)
+    np.testing.assert_allclose(run(model), recorded["after"], rtol=0, atol=1e-12)
+    # the optimizer's state came from the file: without it, the step lands elsewhere
+    alone = load_model(path).train()
+    blank = AdamW(alone.parameters(), lr=1e-2)
+    _version_1_step(alone, blank, run, targets)
+    assert np.abs(run(alone) - recorded["after"]).max() > 1e-3
+
+
+def test_a_version_1_file_refuses_an_optimizer_of_another_kind():
+    path = FIXTURES / "checkpoint_v1_decoder_only.npz"
+    model = load_model(path)
+    before = {k: v.copy() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="optimizer state does not fit"):
+        load_checkpoint(path, model, SGD(model.parameters(), 0.1))
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+# -------------------------------------------------------------- tokenizers
+TEXT = "the river bank and the bank of the river"
+
+
+@pytest.mark.parametrize(
+    "tokenizer",
+    [
+        CharTokenizer.from_corpus(TEXT),
+        WordTokenizer.from_corpus(TEXT),
+        BPETokenizer.train([TEXT], vocab_size=30),
+        BPETokenizer.train([TEXT], vocab_size=30, pretokenize="metaspace"),
+    ],
+    ids=["char", "word", "bpe", "bpe-metaspace"],
+)
+def test_a_tokenizer_travels_inside_a_checkpoint(tmp_path, tokenizer):
+    text = "the bank river"
+    path = save_checkpoint(
+        tmp_path / "lm.npz", decoder_only(0, vocab_size=30), tokenizer=tokenizer
+    )
+    carried = read_checkpoint(path).tokenizer
+    assert carried == tokenizer
+    assert type(carried) is type(tokenizer)
+    np.testing.assert_array_equal(carried.encode(text), tokenizer.encode(text))
+    assert carried.decode(carried.encode(text)) == text
+
+
+def test_a_checkpoint_without_a_tokenizer_and_a_bad_tokenizer(tmp_path):
+    assert read_checkpoint(save_checkpoint(tmp_path / "m.npz", decoder_only())).tokenizer is None
+    with pytest.raises(TypeError, match="tokenizer must be a tinyformer Tokenizer"):
+        save_checkpoint(tmp_path / "m.npz", decoder_only(), tokenizer="abc")

@@ -59,7 +59,7 @@ def test_saved_bytes_equal_formula(options):
     model.forward(np.random.default_rng(1).integers(0, 11, (2, 9)))
     measured = cost.saved_bytes(model)
     assert sum(measured.values()) == sum(cost.activation_bytes(config, 9, 2).values())
-    per_block = sum(v for k, v in measured.items() if k.startswith("layers.0"))
+    per_block = sum(v for k, v in measured.items() if k.startswith("decoder.layers.0."))
     itemsize = np.dtype(config.dtype).itemsize
     assert per_block == 2 * itemsize * sum(cost.block_activation_elements(config, 9).values())
 

@@ -130,7 +130,7 @@ def test_self_attention_without_positions_is_equivariant_with_them_not(rng):
     x = rng.standard_normal((2, 7, 8))
     perm = rng.permutation(7)
     assert permutation_equivariance_error(layer, x, perm) < 1e-12
-    positions = SinusoidalPositionalEncoding(8, max_len=16)
+    positions = SinusoidalPositionalEncoding(8, context_length=16)
     with_positions = lambda z: layer.forward(positions.forward(z))
     assert permutation_equivariance_error(with_positions, x, perm) > 1e-2
 
@@ -160,7 +160,7 @@ def test_fingerprint_sees_any_change_and_nothing_else():
     model.forward(some_ids())
     assert parameter_fingerprint(model) == before
     assert parameter_fingerprint(small_model()) == before  # same seed, same weights
-    model.layers[1].parameters()[0].value.flat[3] += 1e-12
+    model.decoder.layers[1].parameters()[0].value.flat[3] += 1e-12
     assert parameter_fingerprint(model) != before
     with pytest.raises(TypeError, match="module must be a tinyformer Module"):
         parameter_fingerprint({"w": np.zeros(3)})

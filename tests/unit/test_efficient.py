@@ -40,7 +40,7 @@ def _phi(x, feature_map):
 
 # ------------------------------------------------------------ linear attention
 @given(seeds, st.sampled_from(FEATURE_MAPS), st.booleans())
-def test_linear_attention_equals_the_quadratic_formula(seed, feature_map, causal):
+def test_linear_attention_matches_the_quadratic_formula(seed, feature_map, causal):
     rng = np.random.default_rng(seed)
     q, k, v = _qkv(rng)
     kernel = _phi(q, feature_map) @ np.swapaxes(_phi(k, feature_map), -1, -2)  # (..., T, T)
@@ -101,7 +101,7 @@ def test_linear_attention_gradients_with_broadcast_batch(rng):
     st.integers(1, 10),
     st.sampled_from(["none", "causal", "random", "keys"]),
 )
-def test_tiled_attention_equals_full_attention(seed, t_q, t_k, block_size, mask_kind):
+def test_tiled_attention_agrees_with_full_attention(seed, t_q, t_k, block_size, mask_kind):
     rng = np.random.default_rng(seed)
     q, k, v = _qkv(rng, batch=(2,), t_q=t_q, t_k=t_k)
     mask = {
@@ -142,14 +142,14 @@ def test_tiled_attention_gradients(rng, block_size, masked):
 
 
 @given(seeds, st.integers(1, 8))
-def test_tiled_backward_equals_full_backward(seed, block_size):
+def test_tiled_backward_agrees_with_full_backward(seed, block_size):
     rng = np.random.default_rng(seed)
     q, k, v = _qkv(rng, t_q=6, t_k=7)
     mask = causal_mask(6, 7)
     out, lse = tiled_attention(q, k, v, mask, block_size=block_size)
     g = rng.standard_normal(out.shape)
-    _, weights = scaled_dot_product_attention(q, k, v, mask)
-    expected = scaled_dot_product_attention_backward(g, q, k, v, weights)
+    full, weights = scaled_dot_product_attention(q, k, v, mask)
+    expected = scaled_dot_product_attention_backward(g, q, k, v, weights, full)
     got = tiled_attention_backward(g, q, k, v, out, lse, mask, block_size=block_size)
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-12)
@@ -163,33 +163,46 @@ def test_tiled_attention_survives_huge_scores(rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_float32_in_float32_out(rng, dtype):
-    q, k, v = _qkv(rng, dtype=dtype)
-    out = linear_attention(q, k, v, causal=True)
+def test_float32_agrees_with_float64(rng, dtype):
+    q, k, v = _qkv(rng)
+    g = rng.standard_normal((2, 3, 5, 3))
+    low = [a.astype(dtype) for a in (q, k, v)]
+    tolerance = 1e-5 if dtype == np.float32 else 0.0
+    out = linear_attention(*low, causal=True)
     assert out.dtype == dtype
-    assert all(g.dtype == dtype for g in linear_attention_backward(out, q, k, v, causal=True))
-    out, lse = tiled_attention(q, k, v, causal_mask(5), block_size=2)
-    assert out.dtype == dtype
-    assert lse.dtype == dtype
-    grads = tiled_attention_backward(out, q, k, v, out, lse, causal_mask(5), block_size=2)
-    assert all(g.dtype == dtype for g in grads)
+    np.testing.assert_allclose(out, linear_attention(q, k, v, causal=True), atol=tolerance)
+    grads = linear_attention_backward(g.astype(dtype), *low, causal=True)
+    for got, want in zip(grads, linear_attention_backward(g, q, k, v, causal=True), strict=True):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, atol=10 * tolerance)
+    out, lse = tiled_attention(*low, causal_mask(5), block_size=2)
+    wide, wide_lse = tiled_attention(q, k, v, causal_mask(5), block_size=2)
+    assert out.dtype == lse.dtype == dtype
+    np.testing.assert_allclose(out, wide, atol=tolerance)
+    np.testing.assert_allclose(lse, wide_lse, atol=tolerance)
+    grads = tiled_attention_backward(g.astype(dtype), *low, out, lse, causal_mask(5), block_size=2)
+    wide_grads = tiled_attention_backward(g, q, k, v, wide, wide_lse, causal_mask(5), block_size=2)
+    for got, want in zip(grads, wide_grads, strict=True):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, atol=10 * tolerance)
 
 
 @given(seeds, st.integers(1, 6), st.integers(0, 3), st.integers(1, 8))
 def test_causal_option_equals_the_causal_mask(seed, t_q, extra_keys, block_size):
+    # the same tiles, the same operations: the same bits (and fewer masks built)
     rng = np.random.default_rng(seed)
     t_k = t_q + extra_keys
     q, k, v = _qkv(rng, batch=(2,), t_q=t_q, t_k=t_k)
     mask = causal_mask(t_q, t_k)
     out, lse = tiled_attention(q, k, v, block_size=block_size, causal=True)
     expected, expected_lse = tiled_attention(q, k, v, mask, block_size=block_size)
-    np.testing.assert_allclose(out, expected, atol=1e-12)
-    np.testing.assert_allclose(lse, expected_lse, atol=1e-12)
+    assert np.array_equal(out, expected)
+    assert np.array_equal(lse, expected_lse)
     g = rng.standard_normal(out.shape)
     got = tiled_attention_backward(g, q, k, v, out, lse, block_size=block_size, causal=True)
     want = tiled_attention_backward(g, q, k, v, out, lse, mask, block_size=block_size)
     for a, b in zip(got, want, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-12)
+        assert np.array_equal(a, b)
 
 
 def test_causal_option_combines_with_a_mask(rng):
@@ -231,6 +244,12 @@ def test_tiling_keeps_memory_linear_in_the_length(rng):
     assert peak < 16 * 8 * t * block  # a bounded number of (T, block) tiles
 
 
+def _nan(q):
+    q = q.copy()
+    q[0, 1, 1] = np.nan
+    return q
+
+
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [
@@ -242,6 +261,18 @@ def test_tiling_keeps_memory_linear_in_the_length(rng):
         (lambda q: linear_attention(q, q, q, feature_map="exp"), ValueError, "feature_map"),
         (lambda q: linear_attention(q, q[:, :2], q[:, :2], causal=True), ValueError, "causal"),
         (lambda q: linear_attention(q, q, q, eps=0.0), ValueError, "eps"),
+        (lambda q: linear_attention(q, q, q, causal="yes"), TypeError, "causal must be True"),
+        (
+            lambda q: linear_attention_backward(q[..., :1], q, q, q),
+            ValueError,
+            "grad_output",
+        ),
+        (lambda q: tiled_attention(_nan(q), q, q), ValueError, "q must not contain NaN or inf"),
+        (
+            lambda q: tiled_attention_backward(q, q, q, q, q, np.ones(3)),
+            ValueError,
+            "log_sum_exp",
+        ),
     ],
 )
 def test_bad_input_is_named(call, error, words):
@@ -249,3 +280,23 @@ def test_bad_input_is_named(call, error, words):
     with pytest.raises(error) as info:
         call(q)
     assert words in str(info.value)
+
+
+# ----------------------------------------------------------------- reference
+@pytest.mark.reference
+def test_tiled_attention_and_its_backward_agree_with_torch(rng, torch):
+    q, k, v = (rng.standard_normal((2, 3, n, 4)) for n in (5, 6, 6))
+    v = v[..., :3]
+    mask = causal_mask(5, 6) & (rng.random((2, 1, 5, 6)) < 0.8)
+    mask[..., 0] = True  # PyTorch turns a query with no key into NaN; we give zeros
+    g = rng.standard_normal((2, 3, 5, 3))
+    qt, kt, vt = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    out_t = torch.nn.functional.scaled_dot_product_attention(
+        qt, kt, vt, attn_mask=torch.tensor(mask)
+    )
+    out_t.backward(torch.tensor(g))
+    out, lse = tiled_attention(q, k, v, mask, block_size=4)
+    grads = tiled_attention_backward(g, q, k, v, out, lse, mask, block_size=4)
+    np.testing.assert_allclose(out, out_t.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for ours, theirs in zip(grads, (qt, kt, vt), strict=True):
+        np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-10, atol=1e-12)

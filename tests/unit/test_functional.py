@@ -68,7 +68,7 @@ def test_tanh_gelu_keeps_dtype(rng, dtype):
     assert F.gelu_grad(x, "tanh").dtype == dtype
 
 
-def test_log_softmax_equals_log_of_softmax_and_is_stable(rng):
+def test_log_softmax_matches_log_of_softmax_and_is_stable(rng):
     x = rng.standard_normal((4, 6)) * 3
     np.testing.assert_allclose(F.log_softmax(x), np.log(F.softmax(x)), atol=1e-12)
     big = np.array([1e4, 0.0])
@@ -127,24 +127,6 @@ def test_gelu_exact_matches_the_normal_cdf():
     assert np.all(np.abs(got - expected) <= 5e-16 * np.maximum(1.0, np.abs(xs)))
     central = xs >= -2
     np.testing.assert_allclose(got[central], expected[central], rtol=2e-15, atol=1e-300)
-
-
-def test_private_erf_is_accurate_everywhere():
-    _erf = F._erf  # the vectorized error function behind the exact GELU
-    xs = np.concatenate([np.linspace(-7, 7, 140_001), [0.0, 1e-300, 1e-8, 5.99, 6.01, 30.0]])
-    xs = np.concatenate([xs, -xs])
-    expected = np.array([math.erf(v) for v in xs])
-    np.testing.assert_allclose(_erf(xs), expected, rtol=4e-16, atol=1e-300)
-    special = _erf(np.array([np.inf, -np.inf, np.nan, -0.0]))
-    np.testing.assert_array_equal(special[:2], [1.0, -1.0])
-    assert np.isnan(special[2])
-    assert special[3] == 0.0
-    assert np.signbit(special[3])
-    assert _erf(np.zeros((3, 0, 2))).shape == (3, 0, 2)
-    single = _erf(xs.astype(np.float32))
-    assert single.dtype == np.float32
-    np.testing.assert_allclose(single, expected, rtol=0, atol=3e-7)
-    assert _erf(np.array([0.5], dtype=np.float16)).dtype == np.float16
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -217,7 +199,7 @@ def test_normal_cdf_is_accurate_in_each_dtype(dtype, tolerance):
 
 @pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_activation_and_derivative_in_one_pass_equal_the_separate_functions(rng, name, dtype):
+def test_activation_and_derivative_in_one_pass_agree_with_the_separate_functions(rng, name, dtype):
     # more than one block, an odd size and a non-contiguous view
     x = (3 * rng.standard_normal((3, 40_001))).astype(dtype)[:, ::2]
     value, slope = F._activation_and_derivative(x, name)
@@ -255,3 +237,96 @@ def test_exact_gelu_derivative_is_accurate_in_float32():
     exact = _exact_cdf(xs) + xs * np.exp(-0.5 * xs * xs) / math.sqrt(2 * math.pi)
     _, slope = F._activation_and_derivative(xs.astype(np.float32), "gelu")
     assert np.abs(slope - exact).max() <= 3e-7
+
+
+# ------------------------------------------------------- softmax row by row
+def _rows(rng, dtype):
+    """Rows of scores of very different sizes: some need a shift before exp, some do not."""
+    n_rows, n = (int(v) for v in rng.integers([2, 1], [7, 9]))
+    size = rng.choice([1.0, 30.0, 100.0, 1000.0], size=(n_rows, 1))
+    x = (rng.standard_normal((n_rows, n)) * size).astype(dtype)
+    allowed = rng.random((n_rows, n)) < 0.7
+    allowed[rng.integers(n_rows)] = False  # one row with nothing allowed
+    return x, allowed
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([np.float32, np.float64]))
+def test_each_softmax_row_depends_on_its_own_allowed_entries_alone_bitwise(seed, dtype):
+    rng = np.random.default_rng(seed)
+    x, allowed = _rows(rng, dtype)
+    y = F._softmax(x, 1, "x", allowed)
+    row = int(rng.integers(len(x)))
+    changed = x.copy()
+    changed[row] = (rng.standard_normal(x.shape[1]) * 1000).astype(dtype)
+    changed[~allowed] = (rng.standard_normal(np.count_nonzero(~allowed)) * 1e4).astype(dtype)
+    y2 = F._softmax(changed, 1, "x", allowed)
+    others = np.arange(len(x)) != row
+    assert np.array_equal(y2[others], y[others])  # masked entries and other rows: no effect
+    assert np.all(y2[~allowed] == 0.0)
+    sums = y2.sum(axis=1)
+    np.testing.assert_allclose(sums[allowed.any(axis=1)], 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(sums[~allowed.any(axis=1)], 0.0)
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([np.float32, np.float64]))
+def test_allowed_gives_the_same_bits_as_minus_infinity(seed, dtype):
+    rng = np.random.default_rng(seed)
+    x, allowed = _rows(rng, dtype)
+    with_allowed = F._softmax(x, 1, "x", allowed)
+    assert np.array_equal(with_allowed, F.softmax(np.where(allowed, x, -np.inf), axis=1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_in_and_beyond_the_unshifted_range_are_each_exact(dtype):
+    low, high = F._UNSHIFTED[np.dtype(dtype)]
+    x = np.array(
+        [
+            [0.0, 1.0, 2.0],  # no shift
+            [high, high - 1, high - 2],  # the largest unshifted row
+            [high + 1, high, high - 1],  # just beyond: shifted by its maximum
+            [low, low - 1, low - 2],  # the smallest unshifted row
+            [low - 1, low - 2, low - 3],  # just below: shifted
+        ],
+        dtype=dtype,
+    )
+    expected = np.exp([0.0, -1.0, -2.0]) / np.exp([0.0, -1.0, -2.0]).sum()
+    y = F.softmax(x)
+    assert np.isfinite(y).all()
+    tolerance = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(y[0], expected[::-1], rtol=tolerance)
+    for row in y[1:]:
+        np.testing.assert_allclose(row, expected, rtol=tolerance)
+
+
+# ----------------------------------------------------------------- reference
+@pytest.mark.reference
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
+def test_softmax_and_log_softmax_agree_with_torch(rng, kind, torch):
+    x = rng.standard_normal((3, 4, 7)) * 4
+    g = rng.standard_normal(x.shape)
+    xt = torch.tensor(x, requires_grad=True)
+    yt = getattr(torch, kind)(xt, dim=-1)
+    yt.backward(torch.tensor(g))
+    y = getattr(F, kind)(x)
+    np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-10, atol=1e-12)
+    grad = getattr(F, f"{kind}_backward")(g, y)
+    np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("gelu", {}), ("gelu", {"approximate": "tanh"}), ("relu", {}), ("silu", {})],
+    ids=["gelu", "gelu-tanh", "relu", "silu"],
+)
+def test_activations_and_derivatives_agree_with_torch(rng, name, options, torch):
+    x = rng.standard_normal(500) * 3
+    g = rng.standard_normal(500)
+    xt = torch.tensor(x, requires_grad=True)
+    yt = getattr(torch.nn.functional, name)(xt, **options)
+    yt.backward(torch.tensor(g))
+    approximate = options.get("approximate", "none")
+    ours = F.gelu(x, approximate) if name == "gelu" else getattr(F, name)(x)
+    slope = F.gelu_grad(x, approximate) if name == "gelu" else getattr(F, f"{name}_grad")(x)
+    np.testing.assert_allclose(ours, yt.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g * slope, xt.grad.numpy(), rtol=1e-10, atol=1e-12)

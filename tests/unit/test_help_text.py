@@ -51,10 +51,6 @@ def test_the_pattern_leaves_plain_text_and_literals_alone():
     assert not MARKUP.search("Adam with decoupled weight decay, as ``torch.optim.AdamW``.")
 
 
-def test_the_names_checked_are_most_of_the_top_level():
-    assert len(DOCUMENTED) > len(tinyformer.__all__) // 2
-
-
 @pytest.mark.parametrize("name", DOCUMENTED)
 def test_summary_lines_of_the_top_level_names_are_plain_text(name):
     obj = tinyformer if name == "tinyformer" else getattr(tinyformer, name)

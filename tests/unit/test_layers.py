@@ -135,7 +135,7 @@ def test_tied_projection_gradient_equals_sum_of_separate_uses(rng):
     emb.forward(ids)
     head.forward(x)
     emb.backward(head.backward(g))
-    np.testing.assert_allclose(emb.weight.grad, from_head + from_embedding, rtol=1e-12)
+    assert np.array_equal(emb.weight.grad, from_head + from_embedding)  # added, in this order
 
 
 def test_tied_projection_gradient_for_its_input(rng):
@@ -167,6 +167,30 @@ def test_dropout_scales_kept_units_and_is_reproducible():
     assert set(np.unique(a)) == {0.0, 1 / 0.75}
     assert (a == 0).mean() == pytest.approx(0.25, abs=0.01)
     assert a.mean() == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dropout_mask_is_what_forward_multiplies_by(dtype):
+    layer = Dropout(0.3, rng=np.random.default_rng(4))
+    state = layer.rng.bit_generator.state
+    mask = layer.mask((40, 50), dtype)
+    assert mask.dtype == dtype
+    assert mask.shape == (40, 50)
+    assert set(np.unique(mask)) == {dtype(0.0), dtype(1 / 0.7)}
+    assert (mask == 0).mean() == pytest.approx(0.3, abs=0.03)
+    layer.rng.bit_generator.state = state
+    x = np.random.default_rng(5).standard_normal((40, 50)).astype(dtype)
+    assert np.array_equal(layer.forward(x), x * mask)  # the same draw, the same multiplier
+
+
+def test_dropout_mask_is_none_and_draws_nothing_when_nothing_is_dropped():
+    for layer in (
+        Dropout(0.5, rng=np.random.default_rng(1)).eval(),
+        Dropout(0.0, rng=np.random.default_rng(1)),
+    ):
+        state = layer.rng.bit_generator.state
+        assert layer.mask((3, 4), np.float64) is None
+        assert layer.rng.bit_generator.state == state
 
 
 def test_dropout_is_identity_in_eval_mode_and_with_p_zero(rng):
@@ -218,8 +242,9 @@ def test_parameters_are_listed_and_state_round_trips(rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_add_rows_equals_numpy_add_at(rng, dtype):
-    # repeated ids add up, ids absent from the batch stay untouched, order of first sight kept
+def test_add_rows_agrees_with_numpy_add_at(rng, dtype):
+    # repeated ids add up, ids absent from the batch stay untouched; each id's rows are summed
+    # first and then added, so the rounding differs from add.at's one-by-one additions
     for vocab, n in [(1, 5), (7, 300), (500, 64)]:
         ids = rng.integers(0, vocab, n)
         rows = rng.standard_normal((n, 3)).astype(dtype)
@@ -233,3 +258,75 @@ def test_add_rows_equals_numpy_add_at(rng, dtype):
     table = np.ones((3, 2))
     _add_rows(table, np.zeros(0, dtype=int), np.zeros((0, 2)))
     np.testing.assert_array_equal(table, np.ones((3, 2)))
+
+
+# ----------------------------------------------------------------- reference
+@pytest.mark.reference
+def test_linear_agrees_with_torch(rng, torch):
+    layer = Linear(5, 3, rng=rng)
+    _randomize(layer, rng)
+    x, g = rng.standard_normal((2, 4, 5)), rng.standard_normal((2, 4, 3))
+    xt = torch.tensor(x, requires_grad=True)
+    wt = torch.tensor(layer.weight.value.T, requires_grad=True)  # PyTorch keeps (out, in)
+    bt = torch.tensor(layer.bias.value, requires_grad=True)
+    yt = torch.nn.functional.linear(xt, wt, bt)
+    yt.backward(torch.tensor(g))
+
+    def close(ours, theirs):
+        np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+    close(layer.forward(x), yt)
+    close(layer.backward(g), xt.grad)
+    close(layer.weight.grad, wt.grad.T)
+    close(layer.bias.grad, bt.grad)
+
+
+@pytest.mark.reference
+def test_embedding_gradient_agrees_with_torch(rng, torch):
+    emb = Embedding(7, 3, rng=rng)
+    ids = np.array([[1, 6, 1, 1], [0, 6, 2, 1]])
+    g = rng.standard_normal((2, 4, 3))
+    table = torch.tensor(emb.weight.value, requires_grad=True)
+    torch.nn.functional.embedding(torch.tensor(ids), table).backward(torch.tensor(g))
+    emb.forward(ids)
+    emb.backward(g)
+    np.testing.assert_allclose(emb.weight.grad, table.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+# ----------------------------------------------------------------- bad input
+def _x(*shape, dtype=np.float64):
+    return np.ones(shape, dtype=dtype)
+
+
+def _seeded():
+    return np.random.default_rng(0)
+
+
+# fmt: off
+BAD = [
+    ("Linear d_in zero", lambda: Linear(0, 3, rng=_seeded()), ValueError, "d_in must be a positive integer"),
+    ("Linear d_out float", lambda: Linear(3, 2.5, rng=_seeded()), TypeError, "d_out must be a positive integer"),
+    ("rng is a seed", lambda: Linear(3, 2, rng=0), TypeError, "rng must be a numpy.random.Generator"),
+    ("Linear dtype", lambda: Linear(3, 2, rng=_seeded(), dtype=np.float16), TypeError, "dtype must be float32 or float64"),
+    ("Linear last dim", lambda: Linear(3, 2, rng=_seeded()).forward(_x(4, 5)), ValueError, "x must have last dimension 3"),
+    ("Linear input dtype", lambda: Linear(3, 2, rng=_seeded()).forward(_x(4, 3, dtype=np.float32)), TypeError, "x must have the layer's dtype float64"),
+    ("backward before forward", lambda: Linear(3, 2, rng=_seeded()).backward(_x(1, 2)), RuntimeError, "Linear.backward was called before forward"),
+    ("dropout p = 1", lambda: Dropout(1.0, rng=_seeded()), ValueError, "p must be"),
+    ("dropout p string", lambda: Dropout("0.1", rng=_seeded()), TypeError, "p must be"),
+    ("float16 into dropout", lambda: Dropout(0.1, rng=_seeded()).forward(_x(2, dtype=np.float16)), TypeError, "x must be float32 or float64"),
+    ("vocab_size zero", lambda: Embedding(0, 4, rng=_seeded()), ValueError, "vocab_size must be a positive integer"),
+    ("init_std negative", lambda: Embedding(4, 4, rng=_seeded(), init_std=-1.0), ValueError, "init_std must be a finite positive"),
+    ("negative token id", lambda: Embedding(5, 2, rng=_seeded()).forward(np.array([[1, -1]])), ValueError, "ids must be non-negative"),
+    ("float token ids", lambda: Embedding(5, 2, rng=_seeded()).forward(np.array([1.0, 2.0])), TypeError, "ids must be an integer array"),
+    ("token id = vocab", lambda: Embedding(5, 2, rng=_seeded()).forward(np.array([0, 5])), ValueError, "ids"),
+    ("tie to a Linear", lambda: TiedOutputProjection(Linear(2, 3, rng=_seeded())), TypeError, "embedding must be an Embedding layer"),
+    ("tied last dim", lambda: TiedOutputProjection(Embedding(5, 2, rng=_seeded())).forward(_x(1, 3)), ValueError, "x must have last dimension 2"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("call", "error", "words"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_input_raises_an_error_that_says_what_is_wrong(call, error, words):
+    with pytest.raises(error) as info:
+        call()
+    assert words in str(info.value), str(info.value)

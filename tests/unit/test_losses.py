@@ -87,3 +87,72 @@ def test_float32_in_float32_out(rng, dtype):
     loss, grad = cross_entropy(logits, np.array([0, 6, 2]), label_smoothing=0.1)
     assert isinstance(loss, float)
     assert grad.dtype == dtype
+
+
+# ----------------------------------------------------------------- reference
+@pytest.mark.reference
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("ignore_index", [None, -100, 0])
+def test_agrees_with_torch_with_label_smoothing_and_ignore_index(
+    rng, smoothing, ignore_index, torch
+):
+    logits = rng.standard_normal((3, 5, 11)) * 3
+    targets = rng.integers(0, 11, size=(3, 5))
+    if ignore_index is not None:
+        targets[0, 3:] = ignore_index
+        targets[2, 0] = ignore_index
+    zt = torch.tensor(logits.reshape(-1, 11), requires_grad=True)
+    loss_t = torch.nn.functional.cross_entropy(
+        zt,
+        torch.tensor(targets.reshape(-1)),
+        ignore_index=-100 if ignore_index is None else ignore_index,
+        label_smoothing=smoothing,
+    )
+    loss_t.backward()
+    loss, grad = cross_entropy(
+        logits, targets, ignore_index=ignore_index, label_smoothing=smoothing
+    )
+    assert loss == pytest.approx(loss_t.item(), rel=1e-10)
+    np.testing.assert_allclose(grad.reshape(-1, 11), zt.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# ----------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (
+            lambda: cross_entropy(np.ones((2, 3)), np.array([0.0, 1.0])),
+            TypeError,
+            "targets must be an integer array",
+        ),
+        (
+            lambda: cross_entropy(np.ones((2, 3)), np.array([0, 1, 2])),
+            ValueError,
+            "targets must have shape (2,)",
+        ),
+        (
+            lambda: cross_entropy(np.ones((2, 3)), np.array([0, 3])),
+            ValueError,
+            "class ids in [0, 3)",
+        ),
+        (
+            lambda: cross_entropy(np.ones((2, 3)), np.array([0, 1]), label_smoothing=1.5),
+            ValueError,
+            "label_smoothing must be in [0, 1]",
+        ),
+        (
+            lambda: cross_entropy(np.ones((2, 3)), np.array([0, 1]), ignore_index="pad"),
+            TypeError,
+            "ignore_index must be an integer or None",
+        ),
+        (
+            lambda: cross_entropy(np.array([[np.nan, 0.0]]), np.array([0])),
+            ValueError,
+            "logits must be finite",
+        ),
+    ],
+)
+def test_bad_input_is_named(call, error, words):
+    with pytest.raises(error) as info:
+        call()
+    assert words in str(info.value)

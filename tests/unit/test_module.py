@@ -1,11 +1,25 @@
-"""Parameter and Module: parameter discovery, tying, modes and state dicts."""
+"""Parameter and Module: parameter discovery, tying, modes, state dicts and no_grad."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
 
-from tinyformer.module import Module, Parameter
+from tinyformer import cost
+from tinyformer.blocks import TransformerBlock
+from tinyformer.feedforward import ACTIVATIONS, FeedForward
+from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
+from tinyformer.masks import causal_mask
+from tinyformer.module import Module, Parameter, grad_enabled, no_grad
+from tinyformer.multihead import MultiHeadAttention
+from tinyformer.norm import BatchNorm, LayerNorm, RMSNorm
+from tinyformer.positional import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+)
 
 
 class Scale(Module):
@@ -126,3 +140,159 @@ def test_check_grad_names_shape_and_dtype():
         Module._check_grad(np.ones(4), (3,), np.dtype(np.float64))
     with pytest.raises(TypeError, match="forward output's dtype float64"):
         Module._check_grad(np.ones(3, np.float32), (3,), np.dtype(np.float64))
+
+
+# ------------------------------------------------------------------- no_grad
+def _rng():
+    return np.random.default_rng(5)
+
+
+def _x(*shape, dtype=np.float64):
+    return np.random.default_rng(6).standard_normal(shape).astype(dtype)
+
+
+def _randomized(module):
+    rng = np.random.default_rng(7)
+    for p in module.parameters():
+        p.value[...] += 0.3 * rng.standard_normal(p.shape).astype(p.dtype)
+    return module
+
+
+# (module, forward arguments, forward keyword arguments): every layer that keeps state
+LAYERS = {
+    "Linear": lambda: (Linear(4, 3, rng=_rng()), [_x(2, 4)], {}),
+    "Embedding": lambda: (Embedding(9, 4, rng=_rng()), [np.array([[1, 8, 1]])], {}),
+    "TiedOutputProjection": lambda: (
+        TiedOutputProjection(Embedding(9, 4, rng=_rng()), bias=True),
+        [_x(2, 4)],
+        {},
+    ),
+    "LayerNorm": lambda: (_randomized(LayerNorm(4)), [_x(2, 3, 4)], {}),
+    "RMSNorm": lambda: (_randomized(RMSNorm(4)), [_x(2, 3, 4)], {}),
+    "BatchNorm": lambda: (_randomized(BatchNorm(4)), [_x(2, 3, 4)], {}),
+    "SinusoidalPositionalEncoding": lambda: (
+        SinusoidalPositionalEncoding(4, 8),
+        [_x(2, 3, 4)],
+        {},
+    ),
+    "LearnedPositionalEmbedding": lambda: (
+        LearnedPositionalEmbedding(8, 4, rng=_rng()),
+        [_x(2, 3, 4)],
+        {"start": 2},
+    ),
+    "RotaryEmbedding": lambda: (RotaryEmbedding(4), [_x(2, 3, 4)], {"start": 1}),
+    **{
+        f"FeedForward ({activation}, {kind})": (
+            lambda activation=activation, kind=kind: (
+                _randomized(
+                    FeedForward(4, 6, rng=_rng(), activation=activation, gated=kind == "gated")
+                ),
+                [_x(2, 3, 4)],
+                {},
+            )
+        )
+        for activation in ACTIVATIONS
+        for kind in ("plain", "gated")
+    },
+    "MultiHeadAttention": lambda: (
+        _randomized(MultiHeadAttention(8, 2, rng=_rng(), rotary=True)),
+        [_x(2, 5, 8)],
+        {"mask": causal_mask(5)},
+    ),
+    "MultiHeadAttention (cross)": lambda: (
+        _randomized(MultiHeadAttention(8, 2, rng=_rng())),
+        [_x(2, 5, 8), _x(2, 3, 8)],
+        {},
+    ),
+    "TransformerBlock (post-norm, cross)": lambda: (
+        _randomized(TransformerBlock(8, 2, 12, rng=_rng(), cross_attention=True)),
+        [_x(2, 5, 8), _x(2, 3, 8)],
+        {"mask": causal_mask(5)},
+    ),
+    "TransformerBlock (pre-norm, float32)": lambda: (
+        _randomized(
+            TransformerBlock(
+                8,
+                2,
+                12,
+                rng=_rng(),
+                norm_first=True,
+                norm="rmsnorm",
+                feed_forward="gated",
+                activation="silu",
+                dtype=np.float32,
+            )
+        ),
+        [_x(2, 5, 8, dtype=np.float32)],
+        {"mask": causal_mask(5)},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_no_grad_gives_the_same_bits_keeps_nothing_and_refuses_backward(name):
+    module, args, kwargs = LAYERS[name]()
+    if isinstance(module, BatchNorm):
+        module.eval()  # its running statistics would move between the two passes
+    trained = module.forward(*args, **kwargs)  # training mode first, as before cached decoding
+    with no_grad():
+        assert not grad_enabled()
+        fast = module.forward(*args, **kwargs)
+    assert np.array_equal(fast, trained)
+    assert fast.dtype == trained.dtype
+    assert cost.saved_bytes(module) == {}  # nothing kept for a backward pass
+    with pytest.raises(RuntimeError, match=r"backward after a forward run under no_grad\(\)"):
+        module.backward(np.ones_like(fast))
+    module.forward(*args, **kwargs)  # outside no_grad again: training works as before
+    module.backward(np.ones_like(fast))
+
+
+def test_no_grad_and_grad_mode_forwards_give_the_same_gradients_afterwards(rng):
+    block = _randomized(TransformerBlock(8, 2, 12, rng=_rng(), activation="gelu_tanh"))
+    x, g = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 4, 8))
+    block.forward(x)
+    first = block.backward(g)
+    with no_grad():
+        block.forward(x)
+    block.zero_grad()
+    block.forward(x)
+    assert np.array_equal(block.backward(g), first)
+
+
+def test_no_grad_nests_and_restores_the_previous_mode():
+    assert grad_enabled()
+    with no_grad():
+        assert not grad_enabled()
+        with no_grad():
+            assert not grad_enabled()
+        assert not grad_enabled()  # the inner block ends: still off
+    assert grad_enabled()
+
+
+def test_an_exception_inside_no_grad_restores_the_mode():
+    with pytest.raises(ValueError, match="inside"), no_grad():
+        raise ValueError("raised inside")
+    assert grad_enabled()
+    layer = Linear(3, 2, rng=_rng())
+    with pytest.raises(ValueError, match="x must have last dimension 3"), no_grad():
+        layer.forward(np.ones((1, 4)))
+    assert grad_enabled()
+    layer.forward(np.ones((1, 3)))
+    layer.backward(np.ones((1, 2)))  # the mode is back: forward kept its input
+
+
+def test_no_grad_applies_to_its_own_thread_only():
+    seen = []
+    with no_grad():
+        worker = threading.Thread(target=lambda: seen.append(grad_enabled()))
+        worker.start()
+        worker.join()
+        assert not grad_enabled()
+    assert seen == [True]
+
+
+def test_dropout_in_training_mode_still_drops_under_no_grad():
+    layer = Dropout(0.5, rng=np.random.default_rng(2))
+    with no_grad():
+        out = layer.forward(np.ones((50, 50)))
+    assert set(np.unique(out)) == {0.0, 2.0}  # no_grad skips saved state, not the mode

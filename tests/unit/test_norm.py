@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tinyformer.gradcheck import check_module_gradients
-from tinyformer.norm import BatchNorm, LayerNorm, RMSNorm
+from tinyformer.norm import NORMS, BatchNorm, LayerNorm, RMSNorm, make_norm
 
 
 def _random_shape(rng, d):
@@ -63,21 +65,143 @@ def test_constant_rows_do_not_give_nan():
 
 
 @pytest.mark.parametrize("cls", [LayerNorm, RMSNorm, BatchNorm])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_float32_in_float32_out(rng, cls, dtype):
-    layer = cls(8, dtype=dtype)
-    x = rng.standard_normal((2, 3, 8)).astype(dtype)
-    y = layer.forward(x)
-    assert y.dtype == dtype
-    assert layer.backward(np.ones_like(y)).dtype == dtype
-    assert all(p.grad.dtype == dtype for p in layer.parameters())
+def test_float32_agrees_with_float64_forward_and_backward(rng, cls):
+    wide, narrow = cls(8), cls(8, dtype=np.float32)
+    for p in wide.parameters():
+        p.value[...] = rng.standard_normal(p.shape)
+    narrow.load_state_dict(wide.state_dict())
+    x, g = rng.standard_normal((2, 3, 8)) * 10 + 3, rng.standard_normal((2, 3, 8))
+    y = narrow.forward(x.astype(np.float32))
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, wide.forward(x), atol=2e-5)
+    grad = narrow.backward(g.astype(np.float32))
+    assert grad.dtype == np.float32
+    np.testing.assert_allclose(grad, wide.backward(g), atol=1e-5)
+    for p, q in zip(narrow.parameters(), wide.parameters(), strict=True):
+        assert p.grad.dtype == np.float32
+        np.testing.assert_allclose(p.grad, q.grad, rtol=1e-5, atol=1e-4)
 
 
-def test_float32_agrees_with_float64(rng):
-    x = rng.standard_normal((4, 32)) * 10
-    y64 = LayerNorm(32).forward(x)
-    y32 = LayerNorm(32, dtype=np.float32).forward(x.astype(np.float32))
-    np.testing.assert_allclose(y32, y64, atol=1e-5)
+def test_each_position_is_normalized_on_its_own_bitwise(rng):
+    x = rng.standard_normal((3, 4, 8)) * rng.choice([1.0, 1e3], size=(3, 4, 1))
+    for layer in (LayerNorm(8), RMSNorm(8)):
+        before = layer.forward(x)
+        changed = x.copy()
+        changed[1, 2] = 1e6 * rng.standard_normal(8)
+        after = layer.forward(changed)
+        others = np.ones((3, 4), bool)
+        others[1, 2] = False
+        assert np.array_equal(after[others], before[others])
+
+
+# ------------------------------------------------------------------- registry
+def test_the_norm_registry_names_layer_norm_and_rms_norm():
+    assert set(NORMS) == {"layernorm", "rmsnorm"}
+    assert NORMS["layernorm"] is LayerNorm
+    assert NORMS["rmsnorm"] is RMSNorm
+    for kind, cls in NORMS.items():
+        layer = make_norm(kind, 6, eps=1e-3, dtype=np.float32)
+        assert type(layer) is cls
+        assert (layer.d_model, layer.eps, layer.dtype) == (6, 1e-3, np.float32)
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        ("batchnorm", "kind must be one of ['layernorm', 'rmsnorm'], got 'batchnorm'"),
+        ("LayerNorm", "got 'LayerNorm'"),
+        (None, "kind must be one of"),
+    ],
+)
+def test_make_norm_refuses_unknown_kinds(kind, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        make_norm(kind, 4, eps=1e-5, dtype=np.float64)
+
+
+# ------------------------------------------------------------------ reference
+@pytest.mark.reference
+@pytest.mark.parametrize("cls", [LayerNorm, RMSNorm])
+def test_layer_norm_and_rms_norm_agree_with_torch(rng, cls, torch):
+    layer = cls(6, eps=1e-5)
+    for p in layer.parameters():
+        p.value[...] += 0.3 * rng.standard_normal(p.shape)
+    x, g = rng.standard_normal((3, 4, 6)) * 2 + 1, rng.standard_normal((3, 4, 6))
+    xt = torch.tensor(x, requires_grad=True)
+    wt = torch.tensor(layer.gain.value, requires_grad=True)
+    if cls is LayerNorm:
+        bt = torch.tensor(layer.bias.value, requires_grad=True)
+        yt = torch.nn.functional.layer_norm(xt, (6,), wt, bt, eps=1e-5)
+    else:
+        yt = torch.nn.functional.rms_norm(xt, (6,), wt, eps=1e-5)
+    yt.backward(torch.tensor(g))
+
+    def close(ours, theirs):
+        np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+    close(layer.forward(x), yt)
+    close(layer.backward(g), xt.grad)
+    close(layer.gain.grad, wt.grad)
+    if cls is LayerNorm:
+        close(layer.bias.grad, bt.grad)
+
+
+@pytest.mark.reference
+def test_batch_norm_agrees_with_torch_in_both_modes(rng, torch):
+    layer = BatchNorm(5, momentum=0.3)
+    theirs = torch.nn.BatchNorm1d(5, momentum=0.3, dtype=torch.float64)
+    x = rng.standard_normal((12, 5)) * 3 + 1
+    g = rng.standard_normal((12, 5))
+    xt = torch.tensor(x, requires_grad=True)
+    yt = theirs(xt)
+    yt.backward(torch.tensor(g))
+    np.testing.assert_allclose(layer.forward(x), yt.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(layer.backward(g), xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(layer.gain.grad, theirs.weight.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(layer.running_mean, theirs.running_mean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(layer.running_var, theirs.running_var.numpy(), rtol=1e-12)
+    layer.eval()
+    theirs.eval()
+    evaluated = theirs(torch.tensor(x[:3])).detach().numpy()
+    np.testing.assert_allclose(layer.forward(x[:3]), evaluated, rtol=1e-10, atol=1e-12)
+
+
+# ----------------------------------------------------------------- bad input
+def _after_forward(layer, x):
+    layer.forward(x)
+    return layer
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "words"),
+    [
+        (lambda: LayerNorm(4, eps=-1.0), ValueError, "eps must be a finite positive"),
+        (lambda: LayerNorm(4, dtype=np.int32), TypeError, "dtype must be float32 or float64"),
+        (lambda: RMSNorm(True), TypeError, "d_model must be a positive integer"),
+        (lambda: RMSNorm(0), ValueError, "d_model must be a positive integer"),
+        (
+            lambda: LayerNorm(8, dtype=np.float32).forward(np.ones((2, 8))),
+            TypeError,
+            "x must have the layer's dtype float32",
+        ),
+        (lambda: LayerNorm(2).forward(np.array([["a", "b"]])), TypeError, "x must be a real"),
+        (lambda: RMSNorm(4).forward(np.ones((2, 3))), ValueError, "x must have last dimension 4"),
+        (lambda: LayerNorm(4).backward(np.ones((2, 4))), RuntimeError, "before forward"),
+        (
+            lambda: _after_forward(LayerNorm(4), np.ones((2, 4))).backward(np.ones((2, 3))),
+            ValueError,
+            "grad_out must have the forward output's shape (2, 4)",
+        ),
+        (
+            lambda: _after_forward(RMSNorm(2), np.ones((1, 2))).backward([[1.0, 1.0]]),
+            TypeError,
+            "grad_out must be a numpy.ndarray",
+        ),
+    ],
+)
+def test_layer_and_rms_norm_bad_input_is_named(make, error, words):
+    with pytest.raises(error) as info:
+        make()
+    assert words in str(info.value)
 
 
 # ------------------------------------------------------------------ BatchNorm

@@ -1,4 +1,4 @@
-"""Optimizers and gradient clipping: update rules, dtypes, resumption, bad input."""
+"""Optimizers and gradient clipping: update rules, dtypes, resumption, bad input, PyTorch."""
 
 from __future__ import annotations
 
@@ -389,3 +389,99 @@ def test_wrong_gradient_shape_is_named():
         ValueError, match=r"parameters\[0\]\.grad must be an array of the parameter's shape \(3,\)"
     ):
         SGD([p], 0.1).step()
+
+
+# ----------------------------------------------------------------- reference
+TORCH_CASES = {
+    "sgd": (lambda ps: SGD(ps, 0.1), lambda torch, ts: torch.optim.SGD(ts, lr=0.1)),
+    "sgd-momentum-decay": (
+        lambda ps: SGD(ps, 0.05, momentum=0.9, weight_decay=0.01),
+        lambda torch, ts: torch.optim.SGD(ts, lr=0.05, momentum=0.9, weight_decay=0.01),
+    ),
+    "sgd-nesterov-decay": (
+        lambda ps: SGD(ps, 0.05, momentum=0.8, nesterov=True, weight_decay=0.02),
+        lambda torch, ts: torch.optim.SGD(
+            ts, lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.02
+        ),
+    ),
+    "sgd-dampening": (
+        lambda ps: SGD(ps, 0.05, momentum=0.7, dampening=0.25),
+        lambda torch, ts: torch.optim.SGD(ts, lr=0.05, momentum=0.7, dampening=0.25),
+    ),
+    "adam": (lambda ps: Adam(ps, 0.01), lambda torch, ts: torch.optim.Adam(ts, lr=0.01)),
+    "adam-l2": (
+        lambda ps: Adam(ps, 0.02, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05),
+        lambda torch, ts: torch.optim.Adam(
+            ts, lr=0.02, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05
+        ),
+    ),
+    "adamw": (lambda ps: AdamW(ps, 0.01), lambda torch, ts: torch.optim.AdamW(ts, lr=0.01)),
+    "adamw-decay": (
+        lambda ps: AdamW(ps, 0.03, betas=(0.85, 0.99), weight_decay=0.1),
+        lambda torch, ts: torch.optim.AdamW(ts, lr=0.03, betas=(0.85, 0.99), weight_decay=0.1),
+    ),
+}
+TORCH_SHAPES = [(5, 3), (3,), (2, 2, 4)]
+
+
+def _moving_gradient(value: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """A gradient that depends on where the parameter is, so the two runs must stay together."""
+    return noise + 0.5 * value**3 - value
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("case", TORCH_CASES)
+def test_updates_agree_with_torch_over_several_steps(case, rng, torch):
+    ours, theirs = TORCH_CASES[case]
+    start = [rng.standard_normal(shape) for shape in TORCH_SHAPES]
+    params = [Parameter(x.copy()) for x in start]
+    tensors = [torch.tensor(x.copy(), requires_grad=True) for x in start]
+    opt, ref = ours(params), theirs(torch, tensors)
+    for _ in range(8):
+        noise = [rng.standard_normal(shape) for shape in TORCH_SHAPES]
+        for p, t, n in zip(params, tensors, noise, strict=True):
+            p.grad[...] = _moving_gradient(p.value, n)
+            t.grad = torch.from_numpy(_moving_gradient(t.detach().numpy(), n))
+        opt.step()
+        ref.step()
+        for p, t in zip(params, tensors, strict=True):
+            np.testing.assert_allclose(p.value, t.detach().numpy(), rtol=1e-12, atol=1e-14)
+    assert max(abs(p.value - x).max() for p, x in zip(params, start, strict=True)) > 1e-3
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("case", ["sgd-nesterov-decay", "adamw-decay"])
+def test_float32_updates_agree_with_torch(case, rng, torch):
+    ours, theirs = TORCH_CASES[case]
+    start = [rng.standard_normal(shape).astype(np.float32) for shape in TORCH_SHAPES]
+    params = [Parameter(x.copy()) for x in start]
+    tensors = [torch.tensor(x.copy(), requires_grad=True) for x in start]
+    opt, ref = ours(params), theirs(torch, tensors)
+    for _ in range(8):
+        grads = [rng.standard_normal(shape).astype(np.float32) for shape in TORCH_SHAPES]
+        for p, t, g in zip(params, tensors, grads, strict=True):
+            p.grad[...] = g
+            t.grad = torch.from_numpy(g.copy())
+        opt.step()
+        ref.step()
+    for p, t in zip(params, tensors, strict=True):
+        assert p.value.dtype == np.float32
+        np.testing.assert_allclose(p.value, t.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("max_norm", [0.5, 3.0, 1e3])
+def test_clip_grad_norm_agrees_with_torch(max_norm, rng, torch):
+    grads = [rng.standard_normal(shape) for shape in TORCH_SHAPES]
+    params = [Parameter(np.zeros(shape)) for shape in TORCH_SHAPES]
+    tensors = [
+        torch.zeros(shape, dtype=torch.float64, requires_grad=True) for shape in TORCH_SHAPES
+    ]
+    for p, t, g in zip(params, tensors, grads, strict=True):
+        p.grad[...] = g
+        t.grad = torch.from_numpy(g.copy())
+    ours = clip_grad_norm(params, max_norm)
+    theirs = torch.nn.utils.clip_grad_norm_(tensors, max_norm)
+    assert math.isclose(ours, float(theirs), rel_tol=1e-14)
+    for p, t in zip(params, tensors, strict=True):
+        np.testing.assert_allclose(p.grad, t.grad.numpy(), rtol=1e-14, atol=0)

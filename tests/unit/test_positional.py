@@ -197,8 +197,19 @@ def test_learned_embedding_gradients(rng):
     assert max(errors.values()) < 1e-6, errors
 
 
+def test_position_layers_add_their_table_rows_from_start(rng):
+    x = rng.standard_normal((2, 3, 4))
+    sinusoidal = SinusoidalPositionalEncoding(4, context_length=10)
+    np.testing.assert_array_equal(sinusoidal.forward(x, 5), x + sinusoidal_encoding(10, 4)[5:8])
+    assert sinusoidal.context_length == 10
+    learned = LearnedPositionalEmbedding(10, 4, rng=rng)
+    np.testing.assert_array_equal(learned.forward(x, 7), x + learned.weight.value[7:10])
+    rotary = RotaryEmbedding(4)
+    np.testing.assert_array_equal(rotary.forward(x, 2), apply_rotary(x, np.arange(2, 5)))
+
+
 def test_sinusoidal_layer_gradients(rng):
-    layer = SinusoidalPositionalEncoding(4, max_len=10)
+    layer = SinusoidalPositionalEncoding(4, context_length=10)
     errors = check_module_gradients(layer, [rng.standard_normal((2, 3, 4))], rng=rng)
     assert max(errors.values()) < 1e-6, errors
 
@@ -321,7 +332,7 @@ def test_distance_to_seen_is_zero_for_seen_rows():
         (lambda: apply_rotary(np.ones((3, 4)), np.ones(3)), ValueError, "positions must be"),
         (lambda: apply_rotary(np.ones((3, 4)), layout="split"), ValueError, "layout must be one"),
         (lambda: RotaryEmbedding(4, layout="pairs"), ValueError, "layout must be one of"),
-        (lambda: halves_permutation(5), ValueError, "d_head must be even"),
+        (lambda: halves_permutation(5), ValueError, "d_k must be even"),
         (
             lambda: LearnedPositionalEmbedding(4, 2, rng=np.random.default_rng(0)).forward(
                 np.ones((1, 5, 2))
@@ -340,6 +351,16 @@ def test_distance_to_seen_is_zero_for_seen_rows():
             lambda: LearnedPositionalEmbedding(4, 2, rng=0),
             TypeError,
             "rng must be a numpy.random.Generator",
+        ),
+        (
+            lambda: SinusoidalPositionalEncoding(4, context_length=3).forward(np.ones((5, 4))),
+            ValueError,
+            "the sinusoidal table covers positions 0..2",
+        ),
+        (
+            lambda: SinusoidalPositionalEncoding(4, context_length=0),
+            ValueError,
+            "context_length must be a positive integer",
         ),
         (
             lambda: SinusoidalPositionalEncoding(4).forward(np.ones((2, 3))),

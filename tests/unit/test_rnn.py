@@ -154,7 +154,7 @@ def test_an_output_ignores_later_inputs(seed, t, cut):
 
 
 @given(seed=st.integers(0, 2**32 - 1), t=st.integers(2, 12), cut=st.integers(1, 11))
-def test_running_in_two_pieces_equals_running_at_once(seed, t, cut):
+def test_running_in_two_pieces_matches_running_at_once(seed, t, cut):
     """The state is all the layer carries: resume from h_cut and nothing is lost."""
     cut = min(cut, t - 1)
     rng = np.random.default_rng(seed)

@@ -1,4 +1,4 @@
-"""Learning-rate schedules: the formulas, their shape and bad input."""
+"""Learning-rate schedules: the formulas, their shape, bad input, and PyTorch's schedulers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tinyformer.module import Parameter
+from tinyformer.optim import SGD
 from tinyformer.schedules import InverseSqrtSchedule, WarmupCosineSchedule
 
 
@@ -115,3 +117,60 @@ def test_bad_input_is_named(call, error, words):
     with pytest.raises(error) as info:
         call()
     assert words in str(info.value)
+
+
+# ----------------------------------------------------------------- reference
+def _our_rates(schedule, n_steps: int) -> list[float]:
+    """The rate our optimizer uses at updates 1 .. n_steps."""
+    param = Parameter(np.zeros(1))
+    opt = SGD([param], schedule)
+    rates = []
+    for _ in range(n_steps):
+        rates.append(opt.lr)
+        param.grad[...] = 1.0
+        opt.step()
+    return rates
+
+
+def _torch_rates(torch, peak, warmup, total, floor, n_steps):
+    """The rates of torch's own warm-up then cosine schedulers at updates 1 .. n_steps.
+
+    ``WarmupCosineSchedule`` is the curve of ``SequentialLR(LinearLR, CosineAnnealingLR)``:
+    update t (from 1) is torch's epoch t - 1, and the ramp reaches the peak at update
+    ``warmup``. Torch's cosine is periodic after ``T_max`` and ours stays at ``min_lr``,
+    so they are compared up to ``total``. (``InverseSqrtSchedule`` has no scheduler in
+    torch, only LambdaLR around our own function, which would compare it with itself:
+    it is checked against its formula above.)
+    """
+    tensor = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.SGD([tensor], lr=peak)
+    ramp = torch.optim.lr_scheduler.LinearLR(
+        opt, start_factor=1 / warmup, end_factor=1.0, total_iters=warmup - 1
+    )
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - warmup, eta_min=floor)
+    scheduler = torch.optim.lr_scheduler.SequentialLR(
+        opt, schedulers=[ramp, cosine], milestones=[warmup - 1]
+    )
+    rates = []
+    for _ in range(n_steps):
+        rates.append(opt.param_groups[0]["lr"])
+        tensor.grad = torch.ones(1, dtype=torch.float64)
+        opt.step()
+        scheduler.step()
+    return rates
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize(
+    ("peak", "warmup", "total", "floor"),
+    [(3e-3, 20, 120, 1e-4), (1e-2, 5, 400, 0.0), (5e-4, 2, 11, 5e-5)],
+)
+def test_warmup_cosine_agrees_with_torch_linear_then_cosine_annealing(
+    peak, warmup, total, floor, torch
+):
+    ours = _our_rates(WarmupCosineSchedule(peak, warmup, total, min_lr=floor), total)
+    theirs = _torch_rates(torch, peak, warmup, total, floor, total)
+    # torch's cosine is computed recursively from the previous rate, so it drifts by rounding
+    np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-15)
+    assert math.isclose(ours[warmup - 1], peak, rel_tol=1e-15)
+    assert math.isclose(ours[-1], floor, rel_tol=0, abs_tol=1e-15)

@@ -50,8 +50,8 @@ class ToyState:
 
 
 class _ToyBase:
-    def __init__(self, vocab_size: int, max_positions: int, dtype: str = "float64") -> None:
-        self.vocab_size, self.max_positions, self.dtype = vocab_size, max_positions, dtype
+    def __init__(self, vocab_size: int, context_length: int, dtype: str = "float64") -> None:
+        self.vocab_size, self.context_length, self.dtype = vocab_size, context_length, dtype
         self.step_calls = 0
         self.start_calls = 0
 
@@ -65,7 +65,7 @@ class _ToyBase:
         assert tokens.shape[0] == state.batch_size
         assert tokens.min() >= 0
         assert tokens.max() < self.vocab_size
-        if state.length + tokens.shape[1] > self.max_positions:
+        if state.length + tokens.shape[1] > self.context_length:
             raise ValueError("toy model: too many positions")
         old = state.length
         state.history = np.concatenate([state.history, tokens], axis=1)
@@ -83,8 +83,8 @@ class ToyLM(_ToyBase):
 
     family = "decoder-only"
 
-    def __init__(self, next_logits: NextLogits, vocab_size: int, max_positions: int = 32) -> None:
-        super().__init__(vocab_size, max_positions)
+    def __init__(self, next_logits: NextLogits, vocab_size: int, context_length: int = 32) -> None:
+        super().__init__(vocab_size, context_length)
         self.next_logits = next_logits
 
     def start(self, batch_size: int) -> ToyState:
@@ -100,8 +100,8 @@ class ToyEncoderDecoder(_ToyBase):
 
     family = "encoder-decoder"
 
-    def __init__(self, next_logits: NextLogits, vocab_size: int, max_positions: int = 32) -> None:
-        super().__init__(vocab_size, max_positions)
+    def __init__(self, next_logits: NextLogits, vocab_size: int, context_length: int = 32) -> None:
+        super().__init__(vocab_size, context_length)
         self.next_logits = next_logits
 
     def start(self, source_ids: np.ndarray, *, source_mask: np.ndarray | None = None) -> ToyState:

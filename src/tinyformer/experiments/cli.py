@@ -21,6 +21,7 @@ from typing import Any
 from tinyformer.experiments.registry import BOOK_RUNS, EXPERIMENTS
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.experiments.store import ExperimentStore, default_store
+from tinyformer.runtime import retain_freed_memory
 
 __all__ = ["headline", "main", "requirement"]
 
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the experiments asked for and print each result when it is ready; 1 if one fails."""
     parser = _parser()
     args = parser.parse_args(argv)
+    retain_freed_memory()  # this process only trains: keep freed memory for the next step
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     unknown = [name for name in args.names if name not in EXPERIMENTS]
@@ -184,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         context = multiprocessing.get_context("spawn")
         with (
             _one_blas_thread(),
-            ProcessPoolExecutor(min(args.jobs, len(to_train)), mp_context=context) as pool,
+            ProcessPoolExecutor(
+                min(args.jobs, len(to_train)),
+                mp_context=context,
+                initializer=retain_freed_memory,
+            ) as pool,
         ):
             futures = [
                 pool.submit(_report, name, params, root, False) for name, params in to_train

@@ -13,60 +13,29 @@ period :math:`L`) :cite:p:`olsson2022context`.
 
 from __future__ import annotations
 
-import hashlib
-import time
 from typing import Any
 
 import numpy as np
 
 from tinyformer._validation import positive_int, token_ids
 from tinyformer.data.icl import repeated_halves, repeated_segments
-from tinyformer.experiments.markov import lm_trainer
+from tinyformer.experiments.recipe import Recipe, token_losses
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.models import DecoderOnlyConfig
 from tinyformer.training import WindowDataset
 
-__all__ = [
-    "copy_accuracy_by_length",
-    "head_scores",
-    "in_context",
-    "token_losses",
-    "weights_digest",
-]
+__all__ = ["copy_accuracy_by_length", "head_scores", "in_context"]
 
 
 def _rows(tokens: object, model: Any) -> np.ndarray:
     """Token rows ``(N, T)`` with ``2 <= T <= context_length + 1`` for ``model``."""
     tokens = token_ids(tokens, "tokens", model.vocab_size)
-    if tokens.ndim != 2 or not 2 <= tokens.shape[1] <= model.max_positions + 1:
+    if tokens.ndim != 2 or not 2 <= tokens.shape[1] <= model.context_length + 1:
         raise ValueError(
             f"tokens must have shape (N, T) with 2 <= T <= context_length + 1"
-            f" = {model.max_positions + 1}, got shape {tokens.shape}"
+            f" = {model.context_length + 1}, got shape {tokens.shape}"
         )
     return tokens
-
-
-def token_losses(
-    model: Any, tokens: np.ndarray, *, batch_size: int = 256
-) -> tuple[np.ndarray, np.ndarray]:
-    """Cross-entropy (nats) and greedy correctness for each token after the first.
-
-    The model reads ``tokens[:, :-1]``; entry ``[i, t]`` of both results
-    scores its prediction of ``tokens[i, t + 1]``. Returns two ``(N, T - 1)``
-    arrays: float64 losses and booleans (the arg-max logit is the true token).
-    """
-    tokens = _rows(tokens, model)
-    batch_size = positive_int(batch_size, "batch_size")
-    losses, correct = [], []
-    for start in range(0, len(tokens), batch_size):
-        rows = tokens[start : start + batch_size]
-        logits = model.forward(rows[:, :-1]).astype(np.float64)  # (B, T-1, V)
-        shifted = logits - logits.max(axis=-1, keepdims=True)
-        log_z = np.log(np.exp(shifted).sum(axis=-1))  # (B, T-1)
-        picked = np.take_along_axis(shifted, rows[:, 1:, None], axis=-1)[..., 0]
-        losses.append(log_z - picked)
-        correct.append(logits.argmax(axis=-1) == rows[:, 1:])
-    return np.concatenate(losses), np.concatenate(correct)
 
 
 def head_scores(model: Any, tokens: np.ndarray, period: int) -> tuple[np.ndarray, np.ndarray]:
@@ -97,22 +66,12 @@ def head_scores(model: Any, tokens: np.ndarray, period: int) -> tuple[np.ndarray
         )
     model.forward(tokens[:, :-1])
     prev, induction = [], []
-    for block in model.layers:
+    for block in model.decoder.layers:
         a = block.self_attention.layer.attention_weights  # (B, h, T, T)
         prev.append(np.diagonal(a, offset=-1, axis1=-2, axis2=-1).mean(axis=(0, 2)))
         after_copy = np.diagonal(a, offset=-(period - 1), axis1=-2, axis2=-1)[..., 1:]
         induction.append(after_copy.mean(axis=(0, 2)))  # queries t = L .. T-1
     return np.array(prev, dtype=np.float64), np.array(induction, dtype=np.float64)
-
-
-def weights_digest(model: Any) -> str:
-    """SHA-256 of every parameter's name, shape, dtype and bytes: equal digests, equal weights."""
-    digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        value = np.ascontiguousarray(parameter.value)
-        digest.update(f"{name}:{value.shape}:{value.dtype}".encode())
-        digest.update(value.tobytes())
-    return digest.hexdigest()
 
 
 def copy_accuracy_by_length(
@@ -131,14 +90,15 @@ def copy_accuracy_by_length(
     for length in half_lengths:
         half = positive_int(int(length), "half_lengths")
         tokens = repeated_halves(n_sequences, half, model.vocab_size, rng=rng)
-        _, correct = token_losses(model, tokens)  # (N, 2L-1)
+        _, correct = token_losses(model, tokens[:, :-1], tokens[:, 1:])  # (N, 2L-1)
         accuracies.append(correct[:, half:].mean())
     return np.array(accuracies, dtype=np.float64)
 
 
 def _halves_metrics(model: Any, tokens: np.ndarray, half: int) -> dict[str, float]:
     """Loss on each half of rows ``(N, 2 * half)``, accuracy on the repeat, best head scores."""
-    losses, correct = token_losses(model, tokens)  # (N, 2L-1): entry t predicts token t+1
+    # (N, 2L-1) each: entry t scores the prediction of token t+1
+    losses, correct = token_losses(model, tokens[:, :-1], tokens[:, 1:])
     prev, induction = head_scores(model, tokens, half)
     return {
         "loss_first_half": float(losses[:, : half - 1].mean()),  # tokens 1 .. L-1
@@ -207,18 +167,15 @@ def in_context(
         (tokens :math:`L+1 .. 2L-1`), ``accuracy_repeated_half``,
         ``prev_token_score`` (best head of the first layer) and
         ``induction_score`` (best head of the last layer), see
-        :func:`head_scores`; ``steps``, ``train_seconds`` (wall time of the
-        training steps) and ``cpu_seconds`` (processor time of the whole run,
-        which a busy machine does not inflate as it does wall time). The history's
-        evaluation rows hold the same quantities on the validation rows.
+        :func:`head_scores`; and ``steps``, ``train_seconds`` and ``cpu_seconds``, as every run
+        (:meth:`~tinyformer.experiments.recipe.Recipe.result`). The history's evaluation rows
+        hold the same quantities on the validation rows.
     """
-    started, cpu_started = time.perf_counter(), time.process_time()
+    recipe = Recipe(seed, peak_lr, warmup_steps, max_steps, batch_size)
     seq_len = positive_int(seq_len, "seq_len")
-    max_steps = positive_int(max_steps, "max_steps")
-    batch_size = positive_int(batch_size, "batch_size")
     half = seq_len // 2
     rows, _ = repeated_segments(
-        max_steps * batch_size,
+        recipe.max_steps * recipe.batch_size,
         seq_len + 1,
         vocab_size,
         min_period=min_period,
@@ -240,43 +197,21 @@ def in_context(
         positional=positional,
         dtype=dtype,
     )
-    trainer = lm_trainer(
+    trainer = recipe.trainer(
         config,
         train,
-        seed=seed,
-        peak_lr=peak_lr,
-        warmup_steps=warmup_steps,
-        max_steps=max_steps,
-        batch_size=batch_size,
         clip_norm=1.0,
         evaluate=lambda m: _halves_metrics(m, validation, half),
         eval_every=eval_every,
         log_every=10,
         progress=progress,
     )
-    model = trainer.model
-    trainer.fit(max_steps)
-    model.eval()
+    trainer.fit(recipe.max_steps)
+    model = trainer.model.eval()
     metrics = {"log_vocab": float(np.log(vocab_size))}
     metrics.update(_halves_metrics(model, heldout, half))
-    metrics["steps"] = trainer.step
-    metrics["train_seconds"] = float(trainer.history.train[-1]["time"])
-    metrics["cpu_seconds"] = time.process_time() - cpu_started  # every thread of the process
     settings = {
-        "model": config.to_dict(),
         "task": {"vocab_size": vocab_size, "seq_len": seq_len, "min_period": min_period},
-        "batch_size": batch_size,
-        "max_steps": max_steps,
-        "peak_lr": peak_lr,
-        "warmup_steps": warmup_steps,
         "n_heldout": n_heldout,
     }
-    return ExperimentResult(
-        "in_context",
-        seed,
-        settings,
-        trainer.history,
-        metrics,
-        time.perf_counter() - started,
-        model,
-    )
+    return recipe.result("in_context", trainer, metrics, settings)

@@ -6,7 +6,6 @@ Its held-out cross-entropy must come within 3% of the source's entropy rate
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,29 +13,24 @@ import numpy as np
 
 from tinyformer._validation import positive_int
 from tinyformer.data import MarkovSource
+from tinyformer.experiments.recipe import Recipe, token_losses
 from tinyformer.experiments.result import ExperimentResult
-from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
-from tinyformer.optim import AdamW
-from tinyformer.schedules import WarmupCosineSchedule
-from tinyformer.training import EarlyStopping, Trainer, WindowDataset, lm_loss
+from tinyformer.models import DecoderOnlyConfig
+from tinyformer.training import EarlyStopping, WindowDataset
 
-__all__ = ["lm_trainer", "markov_lm", "markov_task", "per_position_loss"]
+__all__ = ["markov_lm", "markov_task", "per_position_loss"]
 
 
 def per_position_loss(model: Any, data: WindowDataset, *, batch_size: int = 256) -> np.ndarray:
     """Mean cross-entropy (nats) at each position of the windows, shape ``(T,)``.
 
-    Position ``t`` predicts ``targets[:, t]`` from ``inputs[:, :t + 1]``.
+    Position ``t`` predicts ``targets[:, t]`` from ``inputs[:, :t + 1]``. The
+    sum over windows is taken batch by batch: the first ``batch_size`` windows,
+    plus the next ``batch_size``, and so on.
     """
     batch_size = positive_int(batch_size, "batch_size")
-    total = np.zeros(data.seq_len)
-    for start in range(0, len(data), batch_size):
-        inputs, targets = data.batch(np.arange(start, min(start + batch_size, len(data))))
-        logits = model.forward(inputs).astype(np.float64)  # (B, T, V)
-        shifted = logits - logits.max(axis=-1, keepdims=True)
-        log_z = np.log(np.exp(shifted).sum(axis=-1))  # (B, T)
-        picked = np.take_along_axis(shifted, targets[..., None], axis=-1)[..., 0]  # (B, T)
-        total += (log_z - picked).sum(axis=0)
+    losses, _ = token_losses(model, data.inputs, data.targets, batch_size=batch_size)  # (N, T)
+    total = sum(losses[i : i + batch_size].sum(axis=0) for i in range(0, len(data), batch_size))
     return total / len(data)
 
 
@@ -51,39 +45,6 @@ def _markov_metrics(model: Any, data: WindowDataset, source: MarkovSource) -> di
         "loss_all_positions": float(losses.mean()),
         "optimal_all_positions": float(optimal.mean()),
     }
-
-
-def lm_trainer(
-    config: DecoderOnlyConfig,
-    train: WindowDataset,
-    *,
-    seed: int,
-    peak_lr: float,
-    warmup_steps: int,
-    max_steps: int,
-    batch_size: int,
-    **options: Any,
-) -> Trainer:
-    """The book's recipe for its language models, ready to ``fit``: model, AdamW, warm-up + cosine.
-
-    A :class:`~tinyformer.models.decoder_only.DecoderOnlyLM` drawn from ``[seed, 4]``;
-    AdamW with betas (0.9, 0.98) and weight decay 0.01 on a warm-up + cosine schedule
-    that ends at a twentieth of ``peak_lr``; batches shuffled by ``[seed, 5]``.
-    ``options`` go to the :class:`~tinyformer.training.loop.Trainer` (clipping,
-    evaluation, early stopping, logging). Every language-model experiment trains this way.
-    """
-    model = DecoderOnlyLM(config, rng=np.random.default_rng([seed, 4]))
-    schedule = WarmupCosineSchedule(peak_lr, warmup_steps, max_steps, min_lr=peak_lr / 20)
-    optimizer = AdamW(model.parameters(), schedule, betas=(0.9, 0.98), weight_decay=0.01)
-    return Trainer(
-        model,
-        optimizer,
-        lm_loss,
-        train,
-        batch_size=batch_size,
-        rng=np.random.default_rng([seed, 5]),
-        **options,
-    )
 
 
 def markov_task(
@@ -173,9 +134,11 @@ def markov_lm(
         ``source_loss_full_context``, the source's own loss on the same tokens
         (the sampling noise of the held-out set); ``loss_all_positions`` against
         ``optimal_all_positions``, the mean of
-        :meth:`~tinyformer.data.markov.MarkovSource.optimal_cross_entropy`.
+        :meth:`~tinyformer.data.markov.MarkovSource.optimal_cross_entropy`; and
+        ``steps``, ``train_seconds`` and ``cpu_seconds``, as every run
+        (:meth:`~tinyformer.experiments.recipe.Recipe.result`).
     """
-    started = time.perf_counter()
+    recipe = Recipe(seed, peak_lr, warmup_steps, max_steps, batch_size)
     source, windows = markov_task(seed, vocab_size, order, branching)
     train = windows(n_train_windows, context_length, 1)
     validation = windows(n_validation_windows, context_length, 2)
@@ -190,15 +153,9 @@ def markov_lm(
         activation=activation,
         dtype=dtype,
     )
-    max_steps = positive_int(max_steps, "max_steps")
-    trainer = lm_trainer(
+    trainer = recipe.trainer(
         config,
         train,
-        seed=seed,
-        peak_lr=peak_lr,
-        warmup_steps=warmup_steps,
-        max_steps=max_steps,
-        batch_size=batch_size,
         clip_norm=1.0,
         evaluate=lambda m: _markov_metrics(m, validation, source),
         eval_every=eval_every,
@@ -206,25 +163,16 @@ def markov_lm(
         log_every=10,
         progress=progress,
     )
-    trainer.fit(max_steps)
+    trainer.fit(recipe.max_steps)
     model = trainer.model.eval()
     metrics = {"entropy_rate": source.entropy_rate}
     metrics.update(_markov_metrics(model, heldout, source))
     full_context = np.concatenate([heldout.inputs[:, :1], heldout.targets], axis=1)
     metrics["source_loss_full_context"] = source.cross_entropy(full_context)
-    metrics["steps"] = trainer.step
-    metrics["train_seconds"] = float(trainer.history.train[-1]["time"])
     settings = {
-        "model": config.to_dict(),
         "source": {"vocab_size": vocab_size, "order": order, "branching": branching},
-        "batch_size": batch_size,
-        "max_steps": max_steps,
-        "peak_lr": peak_lr,
-        "warmup_steps": warmup_steps,
         "n_train_windows": n_train_windows,
         "n_heldout_windows": n_heldout_windows,
         "target_excess": target_excess,
     }
-    return ExperimentResult(
-        "markov_lm", seed, settings, trainer.history, metrics, time.perf_counter() - started, model
-    )
+    return recipe.result("markov_lm", trainer, metrics, settings)

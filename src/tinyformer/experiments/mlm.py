@@ -9,13 +9,11 @@ context, and come within a stated margin of the best bidirectional loss.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tinyformer._validation import positive_int
 from tinyformer.data import MarkovSource
 from tinyformer.data.masking import (
     KEPT,
@@ -26,14 +24,11 @@ from tinyformer.data.masking import (
     MLMDataset,
     optimal_predictions,
 )
+from tinyformer.experiments.recipe import Recipe, token_losses
 from tinyformer.experiments.result import ExperimentResult
-from tinyformer.models.encoder_only import EncoderOnlyConfig, EncoderOnlyMLM
-from tinyformer.optim import AdamW
-from tinyformer.schedules import WarmupCosineSchedule
-from tinyformer.training import Trainer
-from tinyformer.training.mlm import mlm_loss
+from tinyformer.models import EncoderOnlyConfig
 
-__all__ = ["MLMData", "masked_lm", "mlm_data", "token_losses"]
+__all__ = ["MLMData", "masked_lm", "mlm_data"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +52,7 @@ def mlm_data(
     vocab_size: int = 16,
     order: int = 1,
     branching: int = 4,
-    seq_len: int = 16,
+    context_length: int = 16,
     n_train_windows: int = 8192,
     n_validation_windows: int = 256,
     n_heldout_windows: int = 4096,
@@ -69,26 +64,12 @@ def mlm_data(
     scheme = MaskingScheme(vocab_size, mask_id=vocab_size)
 
     def windows(n: int, stream: int) -> np.ndarray:
-        return source.sample(seq_len, np.random.default_rng([seed, stream]), n_streams=n)
+        return source.sample(context_length, np.random.default_rng([seed, stream]), n_streams=n)
 
     train = windows(n_train_windows, 1)
     validation = scheme.corrupt(windows(n_validation_windows, 2), np.random.default_rng([seed, 6]))
     heldout = scheme.corrupt(windows(n_heldout_windows, 3), np.random.default_rng([seed, 7]))
     return MLMData(source, scheme, train, validation, heldout)
-
-
-def token_losses(model: Any, batch: MaskedTokens, *, batch_size: int = 512) -> np.ndarray:
-    """The model's cross-entropy (nats) at every position of ``batch``, shape ``(B, T)``."""
-    batch_size = positive_int(batch_size, "batch_size")
-    out = np.empty(batch.tokens.shape)
-    for start in range(0, len(out), batch_size):
-        rows = slice(start, start + batch_size)
-        logits = model.forward(batch.inputs[rows]).astype(np.float64)  # (b, T, V)
-        shifted = logits - logits.max(axis=-1, keepdims=True)
-        log_z = np.log(np.exp(shifted).sum(axis=-1))  # (b, T)
-        picked = np.take_along_axis(shifted, batch.tokens[rows][..., None], axis=-1)[..., 0]
-        out[rows] = log_z - picked
-    return out
 
 
 def _optimal_losses(data: MLMData, batch: MaskedTokens) -> dict[str, np.ndarray]:
@@ -103,7 +84,7 @@ def _optimal_losses(data: MLMData, batch: MaskedTokens) -> dict[str, np.ndarray]
 
 def _metrics(model: Any, batch: MaskedTokens, optimal: dict[str, np.ndarray]) -> dict[str, float]:
     """Mean losses at the chosen positions, overall and by what the corruption did."""
-    losses = token_losses(model, batch)
+    losses, _ = token_losses(model, batch.inputs, batch.tokens, batch_size=512)  # (B, T)
     chosen = batch.chosen
     out = {
         "loss": float(losses[chosen].mean()),
@@ -120,7 +101,7 @@ def masked_lm(
     vocab_size: int = 16,
     order: int = 1,
     branching: int = 4,
-    seq_len: int = 16,
+    context_length: int = 16,
     d_model: int = 32,
     n_heads: int = 4,
     d_ff: int = 128,
@@ -153,8 +134,8 @@ def masked_lm(
         Seeds the source, the windows, the corruptions, initialization and shuffling.
     vocab_size, order, branching : int
         The Markov source.
-    seq_len : int
-        Window length (the model's ``context_length``).
+    context_length : int
+        Window length, and the model's context length.
     d_model, n_heads, d_ff, n_layers : int
         Model size (pre-norm blocks with a final LayerNorm, learned positions, tied output).
     activation : str
@@ -173,15 +154,17 @@ def masked_lm(
         ``optimal_left_only``, the best loss from the left context alone;
         ``excess_over_optimum`` = loss / optimal_bidirectional - 1; and, with a
         suffix ``_masked``, ``_random`` or ``_kept``, the model's loss and the
-        bidirectional optimum at the positions the corruption treated that way.
+        bidirectional optimum at the positions the corruption treated that way;
+        and ``steps``, ``train_seconds`` and ``cpu_seconds``, as every run
+        (:meth:`~tinyformer.experiments.recipe.Recipe.result`).
     """
-    started = time.perf_counter()
+    recipe = Recipe(seed, peak_lr, warmup_steps, max_steps, batch_size)
     data = mlm_data(
         seed,
         vocab_size=vocab_size,
         order=order,
         branching=branching,
-        seq_len=seq_len,
+        context_length=context_length,
         n_train_windows=n_train_windows,
         n_validation_windows=n_validation_windows,
         n_heldout_windows=n_heldout_windows,
@@ -192,33 +175,25 @@ def masked_lm(
         n_heads=n_heads,
         d_ff=d_ff,
         n_layers=n_layers,
-        context_length=seq_len,
+        context_length=context_length,
         activation=activation,
         dtype=dtype,
     )
-    model = EncoderOnlyMLM(config, rng=np.random.default_rng([seed, 4]))
-    max_steps = positive_int(max_steps, "max_steps")
-    schedule = WarmupCosineSchedule(peak_lr, warmup_steps, max_steps, min_lr=peak_lr / 20)
-    optimizer = AdamW(model.parameters(), schedule, betas=(0.9, 0.98), weight_decay=0.01)
     validation_optimal = _optimal_losses(data, data.validation)
-    trainer = Trainer(
-        model,
-        optimizer,
-        mlm_loss,
+    trainer = recipe.trainer(
+        config,
         MLMDataset(data.train, data.scheme, rng=np.random.default_rng([seed, 8])),
-        batch_size=batch_size,
-        rng=np.random.default_rng([seed, 5]),
         clip_norm=1.0,
         evaluate=lambda m: _metrics(m, data.validation, validation_optimal),
         eval_every=eval_every,
         log_every=10,
         progress=progress,
     )
-    trainer.fit(max_steps)
-    model.eval()
+    trainer.fit(recipe.max_steps)
+    model = trainer.model.eval()
     heldout_optimal = _optimal_losses(data, data.heldout)
     metrics = _metrics(model, data.heldout, heldout_optimal)
-    losses = token_losses(model, data.heldout)
+    losses, _ = token_losses(model, data.heldout.inputs, data.heldout.tokens, batch_size=512)
     for name, code in (("masked", MASKED), ("random", RANDOM), ("kept", KEPT)):
         where = data.heldout.action == code
         metrics[f"loss_{name}"] = float(losses[where].mean())
@@ -229,20 +204,11 @@ def masked_lm(
         metrics[f"n_{name}"] = float(where.sum())
     metrics["n_chosen"] = float(data.heldout.chosen.sum())
     metrics["entropy_rate"] = data.source.entropy_rate
-    metrics["steps"] = float(trainer.step)
-    metrics["train_seconds"] = float(trainer.history.train[-1]["time"])
     settings = {
-        "model": config.to_dict(),
         "source": {"vocab_size": vocab_size, "order": order, "branching": branching},
-        "seq_len": seq_len,
-        "batch_size": batch_size,
-        "max_steps": max_steps,
-        "peak_lr": peak_lr,
-        "warmup_steps": warmup_steps,
+        "context_length": context_length,
         "n_train_windows": n_train_windows,
         "n_validation_windows": n_validation_windows,
         "n_heldout_windows": n_heldout_windows,
     }
-    return ExperimentResult(
-        "masked_lm", seed, settings, trainer.history, metrics, time.perf_counter() - started, model
-    )
+    return recipe.result("masked_lm", trainer, metrics, settings)

@@ -15,13 +15,13 @@ the step at which it diverged is reported.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
-from tinyformer._validation import positive_int
+from tinyformer._validation import NonFiniteError, positive_int
 from tinyformer.data import MarkovSource
-from tinyformer.experiments.markov import lm_trainer, markov_task, per_position_loss
+from tinyformer.experiments.markov import markov_task, per_position_loss
+from tinyformer.experiments.recipe import Recipe
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.masks import causal_mask
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
@@ -40,7 +40,7 @@ def block_gradient_norms(model: DecoderOnlyLM, batch: tuple[np.ndarray, np.ndarr
     return np.array(
         [
             math.sqrt(sum(float(np.sum(p.grad.astype(np.float64) ** 2)) for p in b.parameters()))
-            for b in model.layers
+            for b in model.decoder.layers
         ]
     )
 
@@ -51,13 +51,14 @@ def stream_rms(model: DecoderOnlyLM, ids: np.ndarray) -> np.ndarray:
     Shape ``(n_layers + 1,)``: entry ``i`` is the input of block ``i``, the last
     entry the output of the stack (before the final LayerNorm of a pre-norm model).
     """
-    x = model.embedding.forward(ids)  # (B, T, d_model)
-    if model.positions is not None:
-        x = model.positions.forward(x, 0)
+    stack = model.decoder
+    x = stack.embedding.forward(ids)  # (B, T, d_model)
+    if stack.positions is not None:
+        x = stack.positions.forward(x, 0)
     mask = causal_mask(ids.shape[1])
     found = [math.sqrt(float(np.mean(x.astype(np.float64) ** 2)))]
-    for block in model.layers:
-        x = block.forward(x, self_mask=mask)
+    for block in stack.layers:
+        x = block.forward(x, mask=mask)
         found.append(math.sqrt(float(np.mean(x.astype(np.float64) ** 2))))
     return np.array(found)
 
@@ -130,17 +131,18 @@ def norm_placement(
         ``heldout_loss``, after training (at positions with a full context,
         as in :func:`~tinyformer.experiments.markov.markov_lm`; NaN if it is not
         finite); ``diverged`` (1.0 or 0.0) and ``diverged_at_step`` (0 if
-        not); ``steps`` made; ``init_grad_norm_<i>`` for each block ``i``
+        not); ``init_grad_norm_<i>`` for each block ``i``
         (counted from 0 at the input) on the first ``batch_size`` training
         windows, before any update, and
         ``init_grad_norm_ratio``, the last block's over the first's;
         ``init_stream_rms_<i>`` for ``i`` from 0 to ``n_layers``, the root mean
         square of the residual stream entering block ``i`` (the last: leaving
-        the stack) on the same windows, from :func:`stream_rms`.
+        the stack) on the same windows, from :func:`stream_rms`; and
+        ``steps``, ``train_seconds`` and ``cpu_seconds``, as every run
+        (:meth:`~tinyformer.experiments.recipe.Recipe.result`).
     """
-    started = time.perf_counter()
+    recipe = Recipe(seed, peak_lr, warmup_steps, max_steps, batch_size)
     n_layers = positive_int(n_layers, "n_layers")
-    max_steps = positive_int(max_steps, "max_steps")
     source, windows = markov_task(seed, vocab_size, order, branching)
     train = windows(n_train_windows, context_length, 1)
     heldout = windows(n_heldout_windows, context_length, 3)
@@ -155,19 +157,9 @@ def norm_placement(
         activation="gelu_tanh",
         dtype=dtype,
     )
-    trainer = lm_trainer(
-        config,
-        train,
-        seed=seed,
-        peak_lr=peak_lr,
-        warmup_steps=warmup_steps,
-        max_steps=max_steps,
-        batch_size=batch_size,
-        log_every=log_every,
-        progress=progress,
-    )
+    trainer = recipe.trainer(config, train, log_every=log_every, progress=progress)
     model = trainer.model
-    first_batch = train.batch(np.arange(batch_size))
+    first_batch = train.batch(np.arange(recipe.batch_size))
     init_norms = block_gradient_norms(model, first_batch)
     init_rms = stream_rms(model, first_batch[0])
     model.zero_grad()
@@ -178,45 +170,38 @@ def norm_placement(
     }
     diverged_at = 0
     try:
-        trainer.fit(max_steps)
+        trainer.fit(recipe.max_steps)
     except DivergenceError as err:
         diverged_at = err.step
     model.eval()
     metrics["heldout_loss"] = _heldout_loss(model, heldout, source)
     metrics["diverged"] = float(diverged_at > 0)
     metrics["diverged_at_step"] = float(diverged_at)
-    metrics["steps"] = float(trainer.step)
     for i, norm in enumerate(init_norms):
         metrics[f"init_grad_norm_{i}"] = float(norm)
     metrics["init_grad_norm_ratio"] = float(init_norms[-1] / init_norms[0])
     for i, rms in enumerate(init_rms):
         metrics[f"init_stream_rms_{i}"] = float(rms)
     settings = {
-        "model": config.to_dict(),
         "source": {"vocab_size": vocab_size, "order": order, "branching": branching},
-        "warmup_steps": warmup_steps,
-        "peak_lr": peak_lr,
-        "batch_size": batch_size,
-        "max_steps": max_steps,
         "n_train_windows": n_train_windows,
         "n_heldout_windows": n_heldout_windows,
         "log_every": log_every,
     }
-    return ExperimentResult(
-        "norm_placement",
-        seed,
-        settings,
-        trainer.history,
-        metrics,
-        time.perf_counter() - started,
-        model,
-    )
+    return recipe.result("norm_placement", trainer, metrics, settings)
 
 
 def _heldout_loss(model: DecoderOnlyLM, data: WindowDataset, source: MarkovSource) -> float:
-    """Mean held-out cross-entropy at full-context positions; NaN if not finite."""
+    """Mean held-out cross-entropy at full-context positions; NaN if not finite.
+
+    A diverged model's weights can overflow inside the forward pass, where a layer
+    refuses the NaN or inf it meets: that loss is NaN too.
+    """
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        loss = float(per_position_loss(model, data)[source.order - 1 :].mean())
+        try:
+            loss = float(per_position_loss(model, data)[source.order - 1 :].mean())
+        except NonFiniteError:
+            return math.nan
     return loss if math.isfinite(loss) else math.nan
 
 

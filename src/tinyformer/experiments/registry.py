@@ -67,16 +67,17 @@ BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("in_context", {"seed": 0, "positional": "learned"}),
     # the draft model of speculative decoding (chapter "Fast inference"): small and weaker
     ("markov_lm", {"seed": 0, "d_model": 16, "n_heads": 2, "d_ff": 64, "n_layers": 1}),
-    # post-norm against pre-norm at depth (chapter "Residual connections and normalization")
+    # post-norm against pre-norm at depth (chapter "Residual connections and normalization"),
+    # five seeds: each conclusion must clear the spread between them
     *(
         ("norm_placement", {"seed": s, "n_layers": n, "norm_first": f, "warmup_steps": w})
-        for s in (0, 1)
+        for s in (0, 1, 2, 3, 4)
         for n in (6, 12)
         for f in (False, True)
         for w in (0, 75)
     ),
     # loss against model size at a fixed token budget, and one compute budget split
-    # several ways (chapter "Scaling laws")
+    # several ways, the two closest splits with more seeds (chapter "Scaling laws")
     *scaling_runs(),
 )
 """The runs whose results the book shows, as ``(name, arguments)``; computed before a build."""

@@ -8,7 +8,6 @@ estimates the held-out result instead of the easiest, most repeated pairs.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -17,11 +16,11 @@ from tinyformer._validation import one_of, positive_int, unit_interval
 from tinyformer.data import BOS_ID, EOS_ID, PAD_ID, PairDataset, SequenceTask
 from tinyformer.data.tasks import TaskSplit, _quotas
 from tinyformer.data.tokenizers import N_SPECIAL
+from tinyformer.experiments.recipe import Recipe, initial_model
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.generation import greedy
 from tinyformer.models import EncoderDecoder, EncoderDecoderConfig
-from tinyformer.optim import SGD, AdamW, Optimizer
-from tinyformer.schedules import WarmupCosineSchedule
+from tinyformer.optim import SGD
 from tinyformer.training import EarlyStopping, Trainer, seq2seq_loss
 
 __all__ = ["exact_match", "reversal", "reversal_data"]
@@ -172,9 +171,11 @@ def reversal(
     ExperimentResult
         ``metrics``: ``heldout_exact_match`` (the result), ``validation_exact_match``,
         ``heldout_token_accuracy`` (teacher-forced), ``heldout_loss``,
-        ``heldout_in_training`` (must be 0), ``steps``, ``train_seconds``.
+        ``heldout_in_training`` (must be 0), ``heldout_size``; and
+        ``steps``, ``train_seconds`` and ``cpu_seconds``, as every run
+        (:meth:`~tinyformer.experiments.recipe.Recipe.result`).
     """
-    started = time.perf_counter()
+    recipe = Recipe(seed, peak_lr, warmup_steps, max_steps, batch_size)
     task, split, train, validation = reversal_data(
         seed=seed, n_train=n_train, n_validation=n_validation
     )
@@ -192,11 +193,14 @@ def reversal(
         attention_scale=attention_scale,
         dtype=dtype,
     )
-    model = EncoderDecoder(config, rng=np.random.default_rng([seed, 1]))
-    max_steps = positive_int(max_steps, "max_steps")
-    train_steps = max_steps if train_steps is None else positive_int(train_steps, "train_steps")
-    opt = _optimizer(model, one_of(optimizer, OPTIMIZERS, "optimizer"), peak_lr, warmup_steps,
-                     max_steps)  # fmt: skip
+    model = initial_model(EncoderDecoder, config, np.random.default_rng([seed, 1]))
+    train_steps = (
+        recipe.max_steps if train_steps is None else positive_int(train_steps, "train_steps")
+    )
+    if one_of(optimizer, OPTIMIZERS, "optimizer") == "sgd":
+        opt = SGD(model.parameters(), peak_lr)  # constant rate: no momentum, warm-up or decay
+    else:
+        opt = recipe.optimizer(model)
     smoothing = unit_interval(label_smoothing, "label_smoothing")
 
     def objective(model: Any, batch: Any, *, backward: bool = True) -> Any:
@@ -207,7 +211,7 @@ def reversal(
         opt,
         objective,
         train,
-        batch_size=batch_size,
+        batch_size=recipe.batch_size,
         rng=np.random.default_rng([seed, 2]),
         clip_norm=clip_norm,
         evaluate=lambda m: {"exact_match": exact_match(m, validation)},
@@ -216,7 +220,7 @@ def reversal(
         log_every=10,
         progress=progress,
     )
-    trainer.fit(min(train_steps, max_steps))
+    trainer.fit(min(train_steps, recipe.max_steps))
     model.eval()
     heldout_in_training = sum(split.is_heldout(s) for s in train.sources)
     heldout = seq2seq_loss(model, split.heldout.batch(np.arange(len(split.heldout))),
@@ -228,33 +232,14 @@ def reversal(
         "validation_exact_match": float(trainer.history.eval[-1]["exact_match"]),
         "heldout_size": len(split.heldout),
         "heldout_in_training": int(heldout_in_training),
-        "steps": trainer.step,
-        "train_seconds": float(trainer.history.train[-1]["time"]),
     }
     settings = {
-        "model": config.to_dict(),
-        "batch_size": batch_size,
-        "max_steps": max_steps,
         "train_steps": train_steps,
         "optimizer": optimizer,
-        "peak_lr": peak_lr,
-        "warmup_steps": warmup_steps,
         "clip_norm": clip_norm,
         "label_smoothing": smoothing,
         "n_train": n_train,
         "n_validation": n_validation,
         "target": target,
     }
-    return ExperimentResult(
-        "reversal", seed, settings, trainer.history, metrics, time.perf_counter() - started, model
-    )
-
-
-def _optimizer(
-    model: EncoderDecoder, kind: str, peak_lr: float, warmup_steps: int, max_steps: int
-) -> Optimizer:
-    """AdamW on warm-up + cosine (the book's recipe), or plain SGD at a constant rate."""
-    if kind == "sgd":
-        return SGD(model.parameters(), peak_lr)
-    schedule = WarmupCosineSchedule(peak_lr, warmup_steps, max_steps, min_lr=peak_lr / 20)
-    return AdamW(model.parameters(), schedule, betas=(0.9, 0.98), weight_decay=0.01)
+    return recipe.result("reversal", trainer, metrics, settings)

@@ -5,10 +5,11 @@ on the same random second-order Markov source
 (:class:`~tinyformer.data.markov.MarkovSource`), whose entropy rate :math:`H`
 is known exactly, for a fixed number of tokens, each training window used once.
 Only the width ``d_model`` changes from run to run, so the parameter count
-:math:`N` moves over more than a decade and a half. The sweep (seven widths,
-three seeds) and a few runs at one compute budget :math:`C \approx 6ND` with
-different splits between :math:`N` and :math:`D` are listed by
-:func:`book_runs`; the page fits
+:math:`N` moves over more than a decade and a half. The sweep
+(:data:`SWEEP_WIDTHS` times :data:`SWEEP_SEEDS`) and the runs at one compute
+budget :math:`C \approx 6ND` with different splits between :math:`N` and
+:math:`D` (:data:`ISO_COMPUTE_WIDTHS`, with more seeds for the two closest,
+:data:`DECIDING_WIDTHS`) are listed by :func:`book_runs`; the page fits
 
 .. math::
     L(N) = H + \left(\frac{N_c}{N}\right)^{\alpha}
@@ -23,7 +24,6 @@ arithmetic of published scaling laws.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -31,13 +31,17 @@ import numpy as np
 from tinyformer import cost
 from tinyformer._validation import float_array, generator, positive_float, positive_int
 from tinyformer.data import MarkovSource
-from tinyformer.experiments.markov import lm_trainer, per_position_loss
+from tinyformer.experiments.markov import per_position_loss
+from tinyformer.experiments.recipe import Recipe
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.models import DecoderOnlyConfig
 from tinyformer.models.counting import parameter_count
 from tinyformer.training import WindowDataset
 
 __all__ = [
+    "DECIDING_SEEDS",
+    "DECIDING_WIDTHS",
+    "ISO_COMPUTE_SEEDS",
     "ISO_COMPUTE_WIDTHS",
     "SWEEP_SEEDS",
     "SWEEP_STEPS",
@@ -61,7 +65,12 @@ SWEEP_STEPS = 1000
 """Updates of every sweep run (the token budget is ``steps * batch_size * context_length``)."""
 ISO_COMPUTE_WIDTHS = (12, 16, 32, 48)
 """Widths trained at the compute of the middle sweep model (width 24), with steps to match."""
-_ISO_REFERENCE_WIDTH = 24
+ISO_COMPUTE_SEEDS = SWEEP_SEEDS
+"""Seeds of every iso-compute width (the reference width's runs are the sweep's own)."""
+DECIDING_WIDTHS = (16, 24)
+"""The two best splits of the iso-compute budget, too close to tell apart with a few seeds."""
+DECIDING_SEEDS = tuple(range(16))
+"""The seeds trained at each deciding width: enough for the two mean losses to separate."""
 
 
 def scaling_config(
@@ -69,25 +78,23 @@ def scaling_config(
     *,
     vocab_size: int = 16,
     n_layers: int = 1,
-    head_size: int = 4,
+    d_k: int = 4,
     context_length: int = 16,
     dtype: str = "float32",
 ) -> DecoderOnlyConfig:
     """The configuration of a sweep model of width ``d_model``.
 
-    Heads of ``head_size`` each (``d_model / head_size`` of them, so wider
-    models have more heads, as in published model families) and ``d_ff = 4 d_model``.
+    Heads of size ``d_k`` each (``d_model / d_k`` of them, so wider models have
+    more heads, as in published model families) and ``d_ff = 4 d_model``.
     """
     d_model = positive_int(d_model, "d_model")
-    head_size = positive_int(head_size, "head_size")
-    if d_model % head_size:
-        raise ValueError(
-            f"d_model must be a multiple of head_size={head_size}, got d_model={d_model}"
-        )
+    d_k = positive_int(d_k, "d_k")
+    if d_model % d_k:
+        raise ValueError(f"d_model must be a multiple of d_k={d_k}, got d_model={d_model}")
     return DecoderOnlyConfig(
         vocab_size=vocab_size,
         d_model=d_model,
-        n_heads=d_model // head_size,
+        n_heads=d_model // d_k,
         d_ff=4 * d_model,
         n_layers=n_layers,
         context_length=context_length,
@@ -112,17 +119,32 @@ def iso_compute_steps(
 
 
 def book_runs() -> tuple[tuple[str, dict[str, Any]], ...]:
-    """The runs of chapter "Scaling laws": the sweep, then the iso-compute runs (seed 0)."""
-    sweep = tuple(
-        ("scaling", {"seed": s, "d_model": d, "max_steps": SWEEP_STEPS})
+    """The runs of chapter "Scaling laws", each once.
+
+    The sweep; the iso-compute widths with :data:`ISO_COMPUTE_SEEDS`; and the
+    :data:`DECIDING_WIDTHS` at the same compute with :data:`DECIDING_SEEDS` (the
+    reference width at the same compute is the sweep's own run, so its seeds
+    beyond the sweep's are the only new runs of that width).
+    """
+    sweep = [
+        {"seed": s, "d_model": d, "max_steps": SWEEP_STEPS}
         for d in SWEEP_WIDTHS
         for s in SWEEP_SEEDS
-    )
-    iso = tuple(
-        ("scaling", {"seed": 0, "d_model": d, "max_steps": iso_compute_steps(d)})
-        for d in ISO_COMPUTE_WIDTHS
-    )
-    return sweep + iso
+    ]
+    iso = [
+        {"seed": s, "d_model": d, "max_steps": iso_compute_steps(d)}
+        for seeds, widths in (
+            (ISO_COMPUTE_SEEDS, ISO_COMPUTE_WIDTHS),
+            (DECIDING_SEEDS, DECIDING_WIDTHS),
+        )
+        for d in widths
+        for s in seeds
+    ]
+    runs: list[dict[str, Any]] = []
+    for params in sweep + iso:
+        if params not in runs:
+            runs.append(params)
+    return tuple(("scaling", params) for params in runs)
 
 
 def _whole(inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -181,7 +203,7 @@ def scaling(
     branching: int = 8,
     concentration: float = 0.3,
     n_layers: int = 1,
-    head_size: int = 4,
+    d_k: int = 4,
     context_length: int = 16,
     batch_size: int = 16,
     peak_lr: float = 1e-2,
@@ -218,8 +240,8 @@ def scaling(
     concentration : float
         Dirichlet parameter of the source's next-token probabilities (below 1:
         peaked rows, a few likely successors and several rare ones).
-    n_layers, head_size, context_length : int
-        The rest of the model's shape.
+    n_layers, d_k, context_length : int
+        The rest of the model's shape (``d_k``: the size of each head).
     batch_size, peak_lr, warmup_steps : int, float, int
         Optimization settings.
     n_heldout_windows : int
@@ -245,17 +267,15 @@ def scaling(
         ``train_tokens`` :math:`D`; ``train_flops`` :math:`6ND`
         (:func:`tinyformer.cost.kaplan_flops`) and ``train_flops_exact``, the
         products of every training step counted term by term
-        (:func:`tinyformer.cost.training_flops`); ``train_seconds`` (wall-clock time of the updates alone);
-        ``cpu_seconds``, the processor time of the whole run (data, training,
-        evaluation: the run's cost on one core, little changed by other work on
-        the machine);
+        (:func:`tinyformer.cost.training_flops`);
         ``heldout_windows_in_training``, the number of held-out windows that
-        also occur in the training windows (0 by construction), and
-        ``training_windows_replaced``, how many draws were replaced to make it so.
+        also occur in the training windows (0 by construction);
+        ``training_windows_replaced``, how many draws were replaced to make it so;
+        and ``steps``, ``train_seconds`` and ``cpu_seconds``, as every run
+        (:meth:`~tinyformer.experiments.recipe.Recipe.result`); ``cpu_seconds``
+        is the run's cost on one core, little changed by other work on the machine.
     """
-    started, cpu_started = time.perf_counter(), time.process_time()
-    max_steps = positive_int(max_steps, "max_steps")
-    batch_size = positive_int(batch_size, "batch_size")
+    recipe = Recipe(seed, peak_lr, warmup_steps, max_steps, batch_size)
     source = MarkovSource.random(
         vocab_size,
         order,
@@ -268,7 +288,7 @@ def scaling(
             n_heldout_windows, context_length, np.random.default_rng([source_seed, 3])
         )
     )
-    n_windows = max_steps * batch_size
+    n_windows = recipe.max_steps * recipe.batch_size
     train, n_replaced = _fresh_windows(
         source, n_windows, context_length, np.random.default_rng([source_seed, 1, seed]), heldout
     )
@@ -276,50 +296,33 @@ def scaling(
         d_model,
         vocab_size=vocab_size,
         n_layers=n_layers,
-        head_size=head_size,
+        d_k=d_k,
         context_length=context_length,
         dtype=dtype,
     )
-    trainer = lm_trainer(
-        config,
-        train,
-        seed=seed,
-        peak_lr=peak_lr,
-        warmup_steps=warmup_steps,
-        max_steps=max_steps,
-        batch_size=batch_size,
-        clip_norm=1.0,
-        log_every=log_every,
-        progress=progress,
-    )
-    model = trainer.model
-    trainer.fit(max_steps)
-    model.eval()
+    trainer = recipe.trainer(config, train, clip_norm=1.0, log_every=log_every, progress=progress)
+    trainer.fit(recipe.max_steps)
+    model = trainer.model.eval()
     loss = float(per_position_loss(model, heldout)[order - 1 :].mean())
     n_params = cost.non_embedding_parameters(config)
-    n_tokens = max_steps * batch_size * context_length
+    n_tokens = n_windows * context_length
+    heldout_streams = _whole(heldout.inputs, heldout.targets)
     metrics = {
         "entropy_rate": source.entropy_rate,
         "heldout_loss": loss,
         "excess_loss": loss - source.entropy_rate,
-        "source_heldout_loss": source.cross_entropy(_whole(heldout.inputs, heldout.targets)),
+        "source_heldout_loss": source.cross_entropy(heldout_streams),
         "parameters": float(n_params),
         "all_parameters": float(parameter_count(config)),
         "train_tokens": float(n_tokens),
         "train_flops": float(cost.kaplan_flops(n_params, n_tokens)),
         "train_flops_exact": float(cost.training_flops(config, context_length, n_windows)),
-        "train_seconds": float(trainer.history.train[-1]["time"]),
-        "steps": float(trainer.step),
         "heldout_windows_in_training": float(
-            _rows_in(
-                _whole(heldout.inputs, heldout.targets), _whole(train.inputs, train.targets)
-            ).sum()
+            _rows_in(heldout_streams, _whole(train.inputs, train.targets)).sum()
         ),
         "training_windows_replaced": float(n_replaced),
-        "cpu_seconds": time.process_time() - cpu_started,
     }
     settings = {
-        "model": config.to_dict(),
         "source": {
             "vocab_size": vocab_size,
             "order": order,
@@ -327,15 +330,9 @@ def scaling(
             "concentration": concentration,
             "source_seed": source_seed,
         },
-        "batch_size": batch_size,
-        "max_steps": max_steps,
-        "peak_lr": peak_lr,
-        "warmup_steps": warmup_steps,
         "n_heldout_windows": n_heldout_windows,
     }
-    return ExperimentResult(
-        "scaling", seed, settings, trainer.history, metrics, time.perf_counter() - started, model
-    )
+    return recipe.result("scaling", trainer, metrics, settings)
 
 
 # ----------------------------------------------------------------- the fit

@@ -2,10 +2,16 @@
 
 A chapter, a figure script and a test that ask for the same run (the same
 experiment with the same arguments) get the same stored result: the first one
-to ask trains it, every later one loads it. Results live in a folder named by
-the digest of the package's own source and the NumPy version, so any change to
-``tinyformer`` makes every stored result unreachable and they are computed
-again: nothing stale is ever returned.
+to ask trains it, every later one loads it. A run's key holds its experiment, the
+function that computes it, its full arguments and the digest of the code that
+function can execute (:func:`code_digest`: its module and every tinyformer module
+imported from it, directly or not), so a change to that code makes the stored
+result unreachable and it is computed again: nothing stale is ever returned. The
+digest reads the code, not its text: docstrings and comments do not enter it, and
+a module the run never imports retrains nothing (nor do the two modules that only
+choose which runs to make and print them, ``registry.py`` and ``cli.py``).
+Results live in a folder named by the NumPy version (and kept apart when the
+initial weights are perturbed, see :mod:`tinyformer.experiments.recipe`).
 
 Each result is one checkpoint (:mod:`tinyformer.checkpoint`: the trained
 weights, the history, and the configuration and metrics as extra values) plus
@@ -24,6 +30,7 @@ store's root, which is how a build shows that each run executed once.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import inspect
@@ -39,6 +46,7 @@ import numpy as np
 
 from tinyformer._validation import describe
 from tinyformer.checkpoint import read_checkpoint, save_checkpoint, write_atomically
+from tinyformer.experiments.recipe import perturbed
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.models import model_from_checkpoint
 from tinyformer.training import History
@@ -48,7 +56,7 @@ try:  # POSIX; elsewhere runs are not locked (two processes may both compute one
 except ImportError:  # pragma: no cover - depends on the platform
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["STORE_ENV", "ExperimentStore", "default_store", "source_digest"]
+__all__ = ["STORE_ENV", "ExperimentStore", "code_digest", "default_store", "package_digest"]
 
 STORE_ENV = "TINYFORMER_STORE"
 """Environment variable naming the folder of the default store."""
@@ -58,14 +66,104 @@ _NOT_KEYED = frozenset({"progress"})  # arguments that do not change a run's res
 logger = logging.getLogger("tinyformer.experiments")
 
 
-def source_digest() -> str:
-    """SHA-256 (first 16 hex digits) of every ``.py`` file of the package, names and contents."""
+_NOT_DIGESTED = frozenset({"experiments/registry.py", "experiments/cli.py"})
+"""Modules whose code cannot change what a run computes: the book's list of runs and the CLI."""
+
+
+def _code(path: Path) -> bytes:
+    """A module's code without its docstrings and comments (the AST, dumped).
+
+    Every statement that is a bare string (a module, class or function docstring, or the
+    docstring of a module-level name that Sphinx reads) is dropped: none can change a result.
+    """
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if not isinstance(body, list) or not body:
+                continue
+            kept = [
+                statement
+                for statement in body
+                if not (
+                    isinstance(statement, ast.Expr)
+                    and isinstance(statement.value, ast.Constant)
+                    and isinstance(statement.value.value, str)
+                )
+            ]
+            if len(kept) != len(body):
+                body[:] = kept or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False).encode()
+
+
+def _file(module: str) -> Path | None:
+    """The source file of a ``tinyformer...`` module (None if there is none)."""
+    parts = module.split(".")[1:]
+    for path in (
+        _PACKAGE.joinpath(*parts).with_suffix(".py"),
+        _PACKAGE.joinpath(*parts, "__init__.py"),
+    ):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imported(path: Path) -> set[str]:
+    """The tinyformer modules a file imports, anywhere in it, and the packages they sit in."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "tinyformer":  # the module, and every package above it
+                found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return {name for name in found if _file(name) is not None}
+
+
+def _closure(module: str) -> list[Path]:
+    """The files of ``module`` and of every tinyformer module it imports, directly or not."""
+    seen: dict[str, Path] = {}
+    parts = module.split(".")
+    todo = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]  # its packages run first
+    while todo:
+        name = todo.pop()
+        path = _file(name)
+        if name in seen or path is None:
+            continue
+        if path.relative_to(_PACKAGE).as_posix() in _NOT_DIGESTED:
+            continue
+        seen[name] = path
+        todo.extend(_imported(path))
+    return sorted(seen.values())
+
+
+def _digest(paths: list[Path]) -> str:
     digest = hashlib.sha256()
-    for path in sorted(_PACKAGE.rglob("*.py")):
+    for path in paths:
         digest.update(path.relative_to(_PACKAGE).as_posix().encode())
         digest.update(b"\0")
-        digest.update(path.read_bytes())
+        digest.update(_code(path))
     return digest.hexdigest()[:16]
+
+
+def code_digest(module: str) -> str:
+    """SHA-256 (first 16 hex digits) of the code a run computed by a function of ``module`` executes.
+
+    The module and every tinyformer module it imports, directly or not (imports
+    anywhere in a file count, as do the packages they sit in), without docstrings
+    and comments, and without the modules in ``_NOT_DIGESTED``.
+    """
+    return _digest(_closure(module))
+
+
+def package_digest() -> str:
+    """The same digest over every module of the package (what a book page may execute)."""
+    return _digest(sorted(_PACKAGE.rglob("*.py")))
 
 
 def default_store() -> ExperimentStore:
@@ -102,8 +200,8 @@ class ExperimentStore:
     Parameters
     ----------
     root : str or path-like
-        The store's folder (created when needed). Results of this version of
-        the package go into ``root/tinyformer-<source digest>-numpy-<version>/``.
+        The store's folder (created when needed). Results go into
+        ``root/tinyformer-numpy-<version>/`` (``...-perturbed`` for perturbed runs).
     experiments : dict of str to callable, optional
         The experiments it can run, by name; by default
         :data:`tinyformer.experiments.registry.EXPERIMENTS`.
@@ -127,14 +225,16 @@ class ExperimentStore:
             experiments = EXPERIMENTS
         self.root = Path(root)
         self.experiments = dict(experiments)
+        self._digests: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"ExperimentStore({str(self.root)!r})"
 
     @property
     def folder(self) -> Path:
-        """The folder of this package version's results."""
-        return self.root / f"tinyformer-{source_digest()}-numpy-{np.__version__}"
+        """The folder of the results (perturbed runs have a folder of their own)."""
+        suffix = "-perturbed" if perturbed() else ""
+        return self.root / f"tinyformer-numpy-{np.__version__}{suffix}"
 
     # ------------------------------------------------------------------ keys
     def arguments(self, name: str, **params: Any) -> dict[str, Any]:
@@ -155,9 +255,32 @@ class ExperimentStore:
             ) from None
 
     def key(self, name: str, **params: Any) -> str:
-        """16 hex digits naming one run: its experiment and full arguments."""
-        text = json.dumps({"experiment": name, "arguments": self.arguments(name, **params)})
+        """16 hex digits naming one run: its experiment, function, arguments and code digest."""
+        text = json.dumps(
+            {
+                "experiment": name,
+                "function": self._function_name(name),
+                "code": self._code_digest(name),
+                "arguments": self.arguments(name, **params),
+            }
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def _function_name(self, name: str) -> str:
+        function = self._experiment(name)
+        where = function if hasattr(function, "__qualname__") else type(function)
+        return f"{where.__module__}.{where.__qualname__}"
+
+    def _code_digest(self, name: str) -> str:
+        """:func:`code_digest` of the experiment's module, computed once per store object."""
+        module = self._function_name(name).rsplit(".", 1)[0]
+        while module not in self._digests and _file(module) is None and "." in module:
+            module = module.rsplit(".", 1)[0]  # a nested function or class: its module
+        if module not in self._digests:
+            self._digests[module] = (
+                code_digest(module) if module.startswith("tinyformer") else "outside tinyformer"
+            )
+        return self._digests[module]
 
     def paths(self, name: str, **params: Any) -> tuple[Path, Path]:
         """The run's checkpoint file and its manifest."""
@@ -205,26 +328,46 @@ class ExperimentStore:
                     return result
             started = time.perf_counter()
             fresh = self._experiment(name)(**arguments, progress=progress)
-            self._save(fresh, arguments, checkpoint, manifest)
+            self._save(name, fresh, arguments, checkpoint, manifest)
             self._log("computed", name, checkpoint, f"in {time.perf_counter() - started:.1f} s")
             return self._load(checkpoint, manifest)
 
     def prune(self) -> list[Path]:
-        """Delete the results of other package versions; returns the folders removed.
+        """Delete stored results no run can reach any more; returns the files removed.
 
-        A folder in which a run is being computed right now (its lock is held)
-        is left alone, so pruning never pulls a folder from under another build.
+        A result is stale when the code its experiment executes changed since it was
+        computed (its manifest records the digest) or its experiment is unknown, and
+        every folder of an older layout or NumPy version goes. A result whose lock is
+        held (being computed right now) is left alone, so pruning never pulls a run
+        from under another build. Perturbed results are pruned the same way.
         """
-        removed = []
-        if self.root.is_dir():
-            for folder in sorted(self.root.glob("tinyformer-*")):
-                if not folder.is_dir() or folder == self.folder or _in_use(folder):
-                    continue
+        removed: list[Path] = []
+        if not self.root.is_dir():
+            return removed
+        current = {self.folder.name.removesuffix("-perturbed")}
+        for folder in sorted(self.root.glob("tinyformer-*")):
+            if not folder.is_dir() or _in_use(folder):
+                continue
+            if folder.name.removesuffix("-perturbed") not in current:
+                removed.extend(sorted(folder.iterdir()))
                 for path in folder.iterdir():
                     path.unlink()
                 folder.rmdir()
-                removed.append(folder)
+                continue
+            for manifest in sorted(folder.glob("*.json")):
+                if self._stale(manifest):
+                    for path in sorted(folder.glob(f"{manifest.stem}.*")):
+                        path.unlink()
+                        removed.append(path)
         return removed
+
+    def _stale(self, manifest: Path) -> bool:
+        try:
+            record = json.loads(manifest.read_text(encoding="utf-8"))
+            name = record["experiment"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return True
+        return name not in self.experiments or record.get("code") != self._code_digest(name)
 
     # -------------------------------------------------------------- internals
     def _experiment(self, name: str) -> Callable[..., ExperimentResult]:
@@ -246,7 +389,12 @@ class ExperimentStore:
                     fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _save(
-        self, result: ExperimentResult, arguments: dict[str, Any], checkpoint: Path, manifest: Path
+        self,
+        name: str,
+        result: ExperimentResult,
+        arguments: dict[str, Any],
+        checkpoint: Path,
+        manifest: Path,
     ) -> None:
         extra = {
             "experiment": result.name,
@@ -257,10 +405,10 @@ class ExperimentStore:
         }
         save_checkpoint(checkpoint, result.model, history=result.history, extra=extra)
         record = {
-            "experiment": result.name,
+            "experiment": name,
             "arguments": arguments,
             "sha256": _file_sha256(checkpoint),
-            "package": source_digest(),
+            "code": self._code_digest(name),
             "numpy": np.__version__,
             "wall_time": result.wall_time,
         }

@@ -1,6 +1,7 @@
 """Decoding: greedy and beam search, sampling, and speculative decoding.
 
-Every function works with both model families of :mod:`tinyformer.models`: a
+Every function works with the two families of :mod:`tinyformer.models` that
+generate (the third, the encoder-only model, fills in masked tokens instead): a
 decoder-only language model continues a prompt, an encoder-decoder decodes from
 a BOS token given a source. Each takes ``use_cache``: with ``True`` (the
 default) the key/value caches are kept between steps; with ``False`` the whole

@@ -8,7 +8,7 @@ feeds the next ``n`` tokens, returning their logits while extending the caches.
 return the same logits, which is what makes the uncached mode the baseline of
 the cache benchmark.
 
-The two model families are told apart by the class attribute ``family``:
+The two families that generate are told apart by the class attribute ``family``:
 ``"decoder-only"`` (a language model, which continues a prompt) or
 ``"encoder-decoder"`` (which decodes from a BOS token given a source).
 
@@ -124,8 +124,8 @@ class IncrementalDecoder:
         whole prefix, then keeps only the logits of the new positions.
     slide : bool
         Decoder-only models only: once the prefix outgrows the model's context
-        (``max_positions``), the model reads only its most recent
-        ``max_positions`` tokens. The positions of the cache no longer fit then
+        (``context_length``), the model reads only its most recent
+        ``context_length`` tokens. The positions of the cache no longer fit then
         (learned and sinusoidal positions are absolute), so from that point
         every :meth:`feed` restarts the cache on the window: correct, and as
         costly per token as decoding without a cache. Without ``slide`` an
@@ -151,7 +151,7 @@ class IncrementalDecoder:
             raise ValueError("slide is for decoder-only models: a decoder's output cannot slide")
         self.use_cache = use_cache
         self.slide = slide
-        self.cached = 0  # positions held by the cache (with slide, at most max_positions)
+        self.cached = 0  # positions held by the cache (with slide, at most context_length)
         if self.encoder_decoder:
             if source_ids is None:
                 raise ValueError("source_ids are required to decode with an encoder-decoder")
@@ -202,7 +202,11 @@ class IncrementalDecoder:
             raise ValueError(
                 f"tokens must have shape ({self.batch_size}, n) with n >= 1, got {tokens.shape}"
             )
-        n, window, stop = tokens.shape[1], self.model.max_positions, self._length + tokens.shape[1]
+        n, window, stop = (
+            tokens.shape[1],
+            self.model.context_length,
+            self._length + tokens.shape[1],
+        )
         if stop > self._tokens.shape[1]:  # double the buffer (amortized O(1) per token)
             grown = np.zeros((self.batch_size, max(stop, 2 * self._tokens.shape[1])), np.int64)
             grown[:, : self._length] = self.prefix
@@ -210,7 +214,7 @@ class IncrementalDecoder:
         self._tokens[:, self._length : stop] = tokens  # beyond length until the model accepts
         prefix = self._tokens[:, :stop]  # (B, length + n)
         if self.slide and n > window:
-            raise ValueError(f"with slide, at most max_positions={window} tokens fit one feed")
+            raise ValueError(f"with slide, at most context_length={window} tokens fit one feed")
         if self.use_cache and not (self.slide and self.cached + n > window):
             logits = self.model.step(tokens, self.state)  # (B, n, V)
             self.cached += n
@@ -239,7 +243,7 @@ class IncrementalDecoder:
             raise ValueError(
                 f"length must be at most the current length {self.length}, got {length}"
             )
-        if self.slide and self.length > self.model.max_positions:
+        if self.slide and self.length > self.model.context_length:
             raise ValueError("truncate is not available once a sliding window has moved")
         self._length = length  # the forgotten tokens stay in the buffer, to be overwritten
         if self.use_cache:
@@ -338,19 +342,19 @@ def prepare(
 
     A decoder-only model continues ``inputs`` (the prompt). With
     ``overflow="error"`` the prompt and the new tokens must fit in the
-    context, ``T + max_new_tokens <= max_positions``; with ``"slide"`` the
-    model reads the most recent ``max_positions`` tokens at every step (a
-    longer prompt is cut to its last ``max_positions`` tokens, which is all the
+    context, ``T + max_new_tokens <= context_length``; with ``"slide"`` the
+    model reads the most recent ``context_length`` tokens at every step (a
+    longer prompt is cut to its last ``context_length`` tokens, which is all the
     model could see of it). An encoder-decoder encodes ``inputs`` (the source)
     and decodes from ``bos_id``; its decoder inputs are BOS and all but the
-    last new token, so ``max_new_tokens <= max_positions`` whatever
+    last new token, so ``max_new_tokens <= context_length`` whatever
     ``overflow`` says. ``check(vocab_size)``, if given, checks the caller's own
     options before the model does any work.
     """
     overflow = one_of(overflow, OVERFLOW, "overflow")
     family_is_encoder_decoder = is_encoder_decoder(model)
     vocab_size = positive_int(model.vocab_size, "model.vocab_size")
-    max_positions = positive_int(model.max_positions, "model.max_positions")
+    context_length = positive_int(model.context_length, "model.context_length")
     max_new_tokens = positive_int(max_new_tokens, "max_new_tokens")
     if eos_id is FAMILY_DEFAULT:
         eos_id = EOS_ID if family_is_encoder_decoder else None
@@ -366,14 +370,14 @@ def prepare(
                 f"bos_id={bos_id} is the model's pad_id: the decoder would mask its first input"
                 " as padding; pass the BOS id the model was trained with"
             )
-        if source.shape[1] > max_positions:
+        if source.shape[1] > context_length:
             raise ValueError(
                 f"source has {source.shape[1]} tokens, more than the model's context_length"
-                f" {max_positions}"
+                f" {context_length}"
             )
-        if max_new_tokens > max_positions:
+        if max_new_tokens > context_length:
             raise ValueError(
-                f"max_new_tokens must be at most the model's context_length {max_positions} (BOS and"
+                f"max_new_tokens must be at most the model's context_length {context_length} (BOS and"
                 f" the new tokens but the last are decoder inputs), got {max_new_tokens}"
             )
         first = np.full((source.shape[0], 1), bos_id, dtype=np.int64)
@@ -383,19 +387,19 @@ def prepare(
         token_ids(prompt, "prompt", vocab_size)
         slide = overflow == "slide"
         if slide:
-            prompt = prompt[:, -max_positions:]  # all the model can see of a longer prompt
+            prompt = prompt[:, -context_length:]  # all the model can see of a longer prompt
         length = prompt.shape[1]
-        if length > max_positions:
+        if length > context_length:
             raise ValueError(
-                f"prompt has {length} tokens, more than the model's context length {max_positions}"
-                f" (pass overflow='slide' to keep the most recent {max_positions})"
+                f"prompt has {length} tokens, more than the model's context length {context_length}"
+                f" (pass overflow='slide' to keep the most recent {context_length})"
             )
-        if not slide and length + max_new_tokens > max_positions:
+        if not slide and length + max_new_tokens > context_length:
             raise ValueError(
                 f"prompt length {length} + max_new_tokens {max_new_tokens} exceeds the model's"
-                f" context length {max_positions}: max_new_tokens can be at most"
-                f" {max_positions - length} (or pass overflow='slide' to keep the most recent"
-                f" {max_positions} tokens)"
+                f" context length {context_length}: max_new_tokens can be at most"
+                f" {context_length - length} (or pass overflow='slide' to keep the most recent"
+                f" {context_length} tokens)"
             )
         first = prompt
         decoder = IncrementalDecoder(

@@ -63,7 +63,7 @@ def greedy(
     overflow : str
         Decoder-only models: ``"slide"`` (the default, as nanoGPT and minGPT do)
         keeps generating once the prompt and the new tokens outgrow the
-        context, the model reading the most recent ``max_positions`` tokens;
+        context, the model reading the most recent ``context_length`` tokens;
         ``"error"`` refuses such a request up front.
 
     Returns

@@ -52,8 +52,14 @@ class SpeculativeResult:
     accepted: int
 
     @property
-    def acceptance_rate(self) -> float:
-        """``accepted / proposed``; NaN when nothing was proposed (``max_new_tokens=1``)."""
+    def kept_fraction(self) -> float:
+        r"""``accepted / proposed``: the share of draft tokens kept; NaN if none was proposed.
+
+        Not the acceptance rate :math:`\alpha` of :cite:t:`leviathan2023fast`, the expected
+        :math:`\sum_x \min(p(x), q(x))` of one examined proposal: a round stops at its first
+        rejection, so the proposals after it are counted here as not kept without having
+        been examined, and the fraction comes out below :math:`\alpha`.
+        """
         return self.accepted / self.proposed if self.proposed else float("nan")
 
 

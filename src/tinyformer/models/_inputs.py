@@ -1,20 +1,20 @@
-"""Input checks shared by the two model families: token ids, masks and decode states."""
+"""Input checks shared by the three model families: token ids, masks and decode states."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tinyformer._validation import as_array, describe
+from tinyformer._validation import as_array, broadcasts_to, describe
 from tinyformer.masks import causal_mask
 from tinyformer.models.state import DecodeState
 
 
 def check_ids(
-    ids: object, name: str, vocab_size: int, max_len: int | None, limit: str
+    ids: object, name: str, vocab_size: int, context_length: int | None, limit: str
 ) -> np.ndarray:
     """``ids`` as a non-empty ``(B, T)`` integer array of ids below ``vocab_size``.
 
-    ``T`` must not exceed ``max_len`` (the config field named by ``limit``).
+    ``T`` must not exceed ``context_length`` (the config field named by ``limit``).
     """
     arr = as_array(ids, name)
     if arr.dtype.kind not in "iu":
@@ -23,9 +23,9 @@ def check_ids(
         raise ValueError(
             f"{name} must be a non-empty array of shape (batch, length), got shape {arr.shape}"
         )
-    if max_len is not None and arr.shape[1] > max_len:
+    if context_length is not None and arr.shape[1] > context_length:
         raise ValueError(
-            f"{name} has length {arr.shape[1]}, longer than the model's {limit}={max_len}"
+            f"{name} has length {arr.shape[1]}, longer than the model's {limit}={context_length}"
         )
     low, high = int(arr.min()), int(arr.max())
     if low < 0 or high >= vocab_size:
@@ -40,13 +40,7 @@ def check_mask(mask: object, name: str, shape: tuple[int, int, int]) -> np.ndarr
     arr = np.asarray(mask)
     if arr.dtype != np.bool_:
         raise TypeError(f"{name} must be a boolean array (True = may attend), got {describe(arr)}")
-    try:
-        broadcast = np.broadcast_shapes(arr.shape, shape)
-    except ValueError:
-        broadcast = None
-    if broadcast != shape:
-        raise ValueError(f"{name} of shape {arr.shape} must broadcast to {shape}")
-    return arr
+    return broadcasts_to(arr, name, shape, "the shape")
 
 
 def check_state(state: object, owner: object, n_tokens: int, batch: int) -> DecodeState:
@@ -62,12 +56,12 @@ def check_state(state: object, owner: object, n_tokens: int, batch: int) -> Deco
         raise ValueError(
             f"tokens has {batch} rows but the state decodes {state.batch_size} sequences"
         )
-    limit = owner.max_positions  # type: ignore[attr-defined]
+    limit = owner.context_length  # type: ignore[attr-defined]
     if state.length + n_tokens > limit:
         raise ValueError(
             f"tokens would take the decoder to {state.length + n_tokens} positions (the state"
             f" holds {state.length}, tokens adds {n_tokens}), beyond the model's limit of"
-            f" {limit} (max_positions)"
+            f" {limit} (context_length)"
         )
     return state
 

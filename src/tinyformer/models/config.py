@@ -1,10 +1,18 @@
-"""Configurations of the two model families: every size and option in one frozen record.
+"""Configurations of the three model families: every size and option in one frozen record.
+
+Every family builds its blocks from the same options, so they live in one base
+class, :class:`TransformerConfig`: widths, heads, the norm and where it sits,
+the feed-forward network and its activation, biases, positions, the attention
+scale, dropout, output tying and dtype. The three family configurations add
+only what is theirs: vocabularies, numbers of layers, padding and embedding
+sharing. :class:`~tinyformer.models.stack.TransformerStack` reads nothing else.
 
 A configuration is checked when it is made, so a model is never half-built from
 a bad one: each problem raises a :class:`ValueError` or :class:`TypeError` that
 names the field. ``to_dict`` gives plain JSON-able values and ``from_dict``
 reads them back, refusing unknown and missing fields by name (checkpoints store
-a model's configuration this way).
+a model's configuration this way; fields added since a checkpoint was written
+take their defaults, which are what the model of that time did).
 
 One vocabulary for every family: ``context_length`` is the longest sequence a
 model takes, ``n_layers`` counts the blocks of a one-stack model and
@@ -21,7 +29,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, TypeVar
 
 import numpy as np
@@ -30,22 +38,27 @@ from tinyformer._validation import (
     describe,
     non_negative_int,
     one_of,
+    positive_float,
     positive_int,
     probability,
 )
-from tinyformer.feedforward import ACTIVATIONS
+from tinyformer.feedforward import ACTIVATIONS, FEED_FORWARDS
+from tinyformer.norm import NORMS
 
 __all__ = [
     "ATTENTION_SCALES",
     "DTYPES",
+    "POSITIONS",
     "REMOVED_IN",
     "DecoderOnlyConfig",
     "EncoderDecoderConfig",
+    "EncoderOnlyConfig",
+    "TransformerConfig",
 ]
 
 DTYPES = ("float32", "float64")
-ENCODER_DECODER_POSITIONS = ("sinusoidal", "learned", "none")
-DECODER_ONLY_POSITIONS = ("learned", "sinusoidal", "rotary", "none")
+POSITIONS = ("learned", "sinusoidal", "rotary", "none")
+"""Values of ``positional``; rotary positions rotate queries and keys of self-attention only."""
 ATTENTION_SCALES = ("sqrt", "none")
 REMOVED_IN = "0.2.0"
 """The release in which the deprecated configuration names stop working."""
@@ -62,33 +75,6 @@ def _check_flag(config: object, name: str) -> None:
     value = getattr(config, name)
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {describe(value)}")
-
-
-def _check_common(config: Any, positions: tuple[str, ...]) -> None:
-    """The fields both families share: sizes, heads, dropout and the option strings."""
-    for name in ("d_model", "n_heads", "d_ff"):
-        _set(config, name, positive_int(getattr(config, name), name))
-    if config.d_model % config.n_heads:
-        raise ValueError(f"d_model={config.d_model} must be divisible by n_heads={config.n_heads}")
-    _set(config, "dropout", probability(config.dropout, "dropout"))
-    one_of(config.activation, ACTIVATIONS, "activation")
-    one_of(config.positional, positions, "positional")
-    if not isinstance(config.dtype, str):  # np.float32 or np.dtype("float32"): keep its name
-        with contextlib.suppress(TypeError):
-            if np.dtype(config.dtype).name in DTYPES:
-                _set(config, "dtype", np.dtype(config.dtype).name)
-    one_of(config.dtype, DTYPES, "dtype")
-    if config.positional == "sinusoidal" and config.d_model % 2:
-        raise ValueError(
-            f"positional='sinusoidal' needs an even d_model (sine and cosine pairs),"
-            f" got d_model={config.d_model}"
-        )
-    head_size = config.d_model // config.n_heads
-    if config.positional == "rotary" and head_size % 2:
-        raise ValueError(
-            f"positional='rotary' needs an even head size d_model / n_heads, got"
-            f" d_model={config.d_model} / n_heads={config.n_heads} = {head_size}"
-        )
 
 
 def _renamed(old: str, new: str) -> Callable[[_C], _C]:
@@ -189,92 +175,187 @@ class _Serializable:
         return cls(**d)
 
 
-@_renamed("max_len", "context_length")
-@dataclass(frozen=True)
-class EncoderDecoderConfig(_Serializable):
-    r"""Sizes and options of an encoder-decoder transformer, checked when made.
+@dataclass(frozen=True, kw_only=True, repr=False)
+class TransformerConfig(_Serializable):
+    r"""The options every family's blocks are built from, checked when made.
 
-    The configuration of an :class:`~tinyformer.models.encoder_decoder.EncoderDecoder`.
-    The defaults are the book's small model; :cite:t:`vaswani2017attention`'s
-    base model is ``d_model=512, n_heads=8, d_ff=2048`` with six layers on each
-    side, ``share_embeddings=True``.
+    Not used on its own: :class:`EncoderDecoderConfig`, :class:`DecoderOnlyConfig`
+    and :class:`EncoderOnlyConfig` add their vocabularies and layer counts, and
+    set the defaults of their family.
 
     Attributes
     ----------
-    src_vocab_size, tgt_vocab_size : int
-        Sizes of the source and target vocabularies.
     d_model, n_heads, d_ff : int
-        Width, number of attention heads (dividing ``d_model``) and feed-forward width.
-    n_encoder_layers, n_decoder_layers : int
-        Number of blocks in the encoder stack and in the decoder stack (two
-        stacks need two names; a one-stack model's configuration says ``n_layers``).
+        Width, number of attention heads (dividing ``d_model``; each head has
+        :math:`d_k = d_\text{model} / h` features) and feed-forward width.
     context_length : int
-        Longest source and longest decoder input the model accepts (the name
-        :class:`DecoderOnlyConfig` uses). The keyword and attribute ``max_len``
-        are a deprecated alias, removed in :data:`REMOVED_IN`.
+        Longest sequence the model reads (for an encoder-decoder: the longest
+        source and the most decoder positions).
     dropout : float
-        Dropout probability in ``[0, 1)`` after embedding + position and inside every block.
+        Dropout probability in ``[0, 1)``: after embedding + position, on the
+        attention weights, on the feed-forward hidden layer and on each
+        sub-layer's output (training mode only).
     norm_first : bool
-        Pre-norm blocks, with a final LayerNorm on the encoder output and on the
-        decoder output; ``False`` is the original post-norm.
+        Pre-norm blocks with a final norm after the stack (``True``) or the
+        original post-norm blocks (``False``).
+    norm : str
+        ``"layernorm"`` or ``"rmsnorm"`` (:data:`tinyformer.norm.NORMS`).
+    norm_eps : float
+        The norm's :math:`\epsilon` (PyTorch's LayerNorm default, ``1e-5``).
+    feed_forward : str
+        ``"plain"`` (:math:`\phi(x W_1) W_2`) or ``"gated"`` (GLU: SwiGLU with
+        ``activation="silu"``), from :data:`tinyformer.feedforward.FEED_FORWARDS`.
     activation : str
-        Feed-forward nonlinearity: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
+        ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
+    bias : bool
+        Biases in the attention projections and the feed-forward layers.
     positional : str
-        ``"sinusoidal"`` (fixed, needs an even ``d_model``), ``"learned"``
-        (one table for the encoder and one for the decoder, ``context_length`` rows each)
-        or ``"none"`` (no position information at all: an ablation).
+        ``"learned"``, ``"sinusoidal"`` (even ``d_model``), ``"rotary"`` (even
+        head size; rotates the queries and keys of every self-attention, adds
+        nothing to the embeddings; cross-attention gets no positions) or
+        ``"none"`` (no position information at all: an ablation).
     attention_scale : str
         ``"sqrt"``: every attention layer multiplies its scores by :math:`1/\sqrt{d_k}`;
         ``"none"``: by 1 (an ablation).
-    share_embeddings : bool
-        One embedding table for source and target; needs equal vocabulary sizes.
     tie_output : bool
-        The output projection is the target embedding table, transposed.
+        The output projection is the (target) embedding table, transposed.
     scale_embeddings : bool
         Multiply embeddings by :math:`\sqrt{d_\text{model}}`.
-    pad_id : int
-        Padding id of source and target, below both vocabulary sizes; padded
-        positions are masked out of attention by default.
     dtype : str
         ``"float32"`` or ``"float64"`` (``np.float32`` and ``np.float64`` are
         accepted and stored by name).
     """
 
-    src_vocab_size: int
-    tgt_vocab_size: int
     d_model: int = 64
     n_heads: int = 4
     d_ff: int = 256
-    n_encoder_layers: int = 2
-    n_decoder_layers: int = 2
     context_length: int = 64
     dropout: float = 0.0
-    norm_first: bool = False
-    activation: str = "relu"
-    positional: str = "sinusoidal"
+    norm_first: bool = True
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    feed_forward: str = "plain"
+    activation: str = "gelu"
+    bias: bool = True
+    positional: str = "learned"
     attention_scale: str = "sqrt"
-    share_embeddings: bool = False
     tie_output: bool = True
-    scale_embeddings: bool = True
-    pad_id: int = 0
+    scale_embeddings: bool = False
     dtype: str = "float64"
+
+    _sizes: ClassVar[tuple[str, ...]] = ()
+    """Positive integer fields of the family (vocabularies, layer counts)."""
 
     def __post_init__(self) -> None:
         """Check every field; raise naming the first bad one."""
-        for name in ("src_vocab_size", "tgt_vocab_size", "n_encoder_layers", "n_decoder_layers"):
+        for name in (*self._sizes, "d_model", "n_heads", "d_ff", "context_length"):
             _set(self, name, positive_int(getattr(self, name), name))
-        _set(self, "context_length", positive_int(self.context_length, "context_length"))
-        for name in ("norm_first", "share_embeddings", "tie_output", "scale_embeddings"):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        for name in ("norm_first", "bias", "tie_output", "scale_embeddings"):
             _check_flag(self, name)
-        _check_common(self, ENCODER_DECODER_POSITIONS)
+        _set(self, "dropout", probability(self.dropout, "dropout"))
+        _set(self, "norm_eps", positive_float(self.norm_eps, "norm_eps"))
+        one_of(self.norm, tuple(NORMS), "norm")
+        one_of(self.feed_forward, tuple(FEED_FORWARDS), "feed_forward")
+        one_of(self.activation, ACTIVATIONS, "activation")
+        one_of(self.positional, POSITIONS, "positional")
         one_of(self.attention_scale, ATTENTION_SCALES, "attention_scale")
-        _set(self, "pad_id", non_negative_int(self.pad_id, "pad_id"))
-        smallest = min(self.src_vocab_size, self.tgt_vocab_size)
-        if self.pad_id >= smallest:
+        if not isinstance(self.dtype, str):  # np.float32 or np.dtype("float32"): keep its name
+            with contextlib.suppress(TypeError):
+                if np.dtype(self.dtype).name in DTYPES:
+                    _set(self, "dtype", np.dtype(self.dtype).name)
+        one_of(self.dtype, DTYPES, "dtype")
+        if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(
-                f"pad_id={self.pad_id} must be below both src_vocab_size={self.src_vocab_size}"
-                f" and tgt_vocab_size={self.tgt_vocab_size}"
+                f"positional='sinusoidal' needs an even d_model (sine and cosine pairs),"
+                f" got d_model={self.d_model}"
             )
+        if self.positional == "rotary" and self.d_k % 2:
+            raise ValueError(
+                f"positional='rotary' needs an even head size d_k = d_model / n_heads, got"
+                f" d_model={self.d_model} / n_heads={self.n_heads} = {self.d_k}"
+            )
+
+    def __repr__(self) -> str:
+        """The family's own fields first (vocabularies, layers), then the shared options."""
+        shared = [f.name for f in dataclasses.fields(TransformerConfig)]
+        own = [f.name for f in dataclasses.fields(self) if f.name not in shared]
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in [*own, *shared])
+        return f"{type(self).__name__}({shown})"
+
+    @property
+    def d_k(self) -> int:
+        """The size of each head's queries, keys and values, ``d_model // n_heads``."""
+        return self.d_model // self.n_heads
+
+    @property
+    def score_scale(self) -> float | None:
+        r"""The factor every attention layer applies to its scores (None means :math:`1/\sqrt{d_k}`)."""
+        return None if self.attention_scale == "sqrt" else 1.0
+
+
+def _pad_id(config: Any, smallest_vocabulary: int, names: str) -> None:
+    """Check ``config.pad_id`` (None allowed) against the vocabulary sizes named by ``names``."""
+    if config.pad_id is None:
+        return
+    _set(config, "pad_id", non_negative_int(config.pad_id, "pad_id"))
+    if config.pad_id >= smallest_vocabulary:
+        raise ValueError(f"pad_id={config.pad_id} must be below {names}")
+
+
+@_renamed("max_len", "context_length")
+@dataclass(frozen=True, kw_only=True, repr=False)
+class EncoderDecoderConfig(TransformerConfig):
+    r"""Sizes and options of an encoder-decoder transformer, checked when made.
+
+    The configuration of an :class:`~tinyformer.models.encoder_decoder.EncoderDecoder`:
+    the options of :class:`TransformerConfig` (shared by encoder and decoder) and
+    the fields below. The defaults are the book's small model in the layout of
+    :cite:t:`vaswani2017attention` (post-norm, ReLU, sinusoidal positions, scaled
+    embeddings); their base model is ``d_model=512, n_heads=8, d_ff=2048`` with
+    six layers on each side, ``share_embeddings=True``. The keyword and attribute
+    ``max_len`` are a deprecated alias of ``context_length``, removed in
+    :data:`REMOVED_IN`.
+
+    Attributes
+    ----------
+    src_vocab_size, tgt_vocab_size : int
+        Sizes of the source and target vocabularies.
+    n_encoder_layers, n_decoder_layers : int
+        Number of blocks in the encoder stack and in the decoder stack (two
+        stacks need two names; a one-stack model's configuration says ``n_layers``).
+    share_embeddings : bool
+        One embedding table for source and target; needs equal vocabulary sizes.
+    pad_id : int
+        Padding id of source and target, below both vocabulary sizes; padded
+        positions are masked out of attention by default.
+    """
+
+    src_vocab_size: int = field(kw_only=False)
+    tgt_vocab_size: int = field(kw_only=False)
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 2
+    share_embeddings: bool = False
+    pad_id: int = 0
+    norm_first: bool = False
+    activation: str = "relu"
+    positional: str = "sinusoidal"
+    scale_embeddings: bool = True
+
+    _sizes = ("src_vocab_size", "tgt_vocab_size", "n_encoder_layers", "n_decoder_layers")
+
+    def __post_init__(self) -> None:
+        """Check every field; raise naming the first bad one."""
+        super().__post_init__()
+        _check_flag(self, "share_embeddings")
+        if self.pad_id is None:
+            raise TypeError("pad_id must be a non-negative integer, got None")
+        _pad_id(
+            self,
+            min(self.src_vocab_size, self.tgt_vocab_size),
+            f"both src_vocab_size={self.src_vocab_size} and tgt_vocab_size={self.tgt_vocab_size}",
+        )
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(
                 "share_embeddings=True needs src_vocab_size == tgt_vocab_size, got"
@@ -282,61 +363,58 @@ class EncoderDecoderConfig(_Serializable):
             )
 
 
-@dataclass(frozen=True)
-class DecoderOnlyConfig(_Serializable):
+@dataclass(frozen=True, kw_only=True, repr=False)
+class DecoderOnlyConfig(TransformerConfig):
     r"""Sizes and options of a decoder-only language model, checked when made.
 
-    The configuration of a :class:`~tinyformer.models.decoder_only.DecoderOnlyLM`.
-    The defaults follow GPT-2's layout :cite:p:`radford2019language` at the book's
-    small size: pre-norm blocks with a final LayerNorm, GELU, learned positions
-    and a tied output projection.
+    The configuration of a :class:`~tinyformer.models.decoder_only.DecoderOnlyLM`:
+    the options of :class:`TransformerConfig` and the fields below. The defaults
+    follow GPT-2's layout :cite:p:`radford2019language` at the book's small size:
+    pre-norm blocks with a final LayerNorm, GELU, learned positions and a tied
+    output projection.
 
     Attributes
     ----------
     vocab_size : int
         Number of tokens.
-    d_model, n_heads, d_ff, n_layers : int
-        Width, heads (dividing ``d_model``), feed-forward width and number of
-        blocks in the one stack.
-    context_length : int
-        Longest sequence the model reads (the size of the learned position table).
-    dropout : float
-        Dropout probability in ``[0, 1)``.
-    norm_first : bool
-        Pre-norm blocks with a final LayerNorm (``True``) or post-norm blocks.
-    activation : str
-        ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
-    positional : str
-        ``"learned"``, ``"sinusoidal"`` (even ``d_model``), ``"rotary"`` (even
-        head size ``d_model / n_heads``; rotates queries and keys, adds nothing to
-        the embeddings) or ``"none"`` (no position information: an ablation).
-    tie_output : bool
-        The output projection is the embedding table, transposed.
-    scale_embeddings : bool
-        Multiply embeddings by :math:`\sqrt{d_\text{model}}`.
-    dtype : str
-        ``"float32"`` or ``"float64"`` (``np.float32`` and ``np.float64`` are
-        accepted and stored by name).
+    n_layers : int
+        Number of blocks in the one stack.
     """
 
-    vocab_size: int
-    d_model: int = 64
-    n_heads: int = 4
-    d_ff: int = 256
+    vocab_size: int = field(kw_only=False)
     n_layers: int = 2
-    context_length: int = 64
-    dropout: float = 0.0
-    norm_first: bool = True
-    activation: str = "gelu"
-    positional: str = "learned"
-    tie_output: bool = True
-    scale_embeddings: bool = False
-    dtype: str = "float64"
+
+    _sizes = ("vocab_size", "n_layers")
+
+
+@_renamed("max_len", "context_length")
+@dataclass(frozen=True, kw_only=True, repr=False)
+class EncoderOnlyConfig(TransformerConfig):
+    r"""Sizes and options of an encoder-only masked language model, checked when made.
+
+    The configuration of an :class:`~tinyformer.models.encoder_only.EncoderOnlyMLM`:
+    the options of :class:`TransformerConfig` and the fields below (BERT's own
+    layout is post-norm with learned positions: ``norm_first=False``). The keyword
+    and attribute ``max_len`` are a deprecated alias of ``context_length``,
+    removed in :data:`REMOVED_IN`.
+
+    Attributes
+    ----------
+    vocab_size : int
+        Number of token ids, special tokens (``[MASK]``, padding) included.
+    n_layers : int
+        Number of blocks in the one stack.
+    pad_id : int or None
+        Padding id, hidden from attention by default; ``None`` for data without padding.
+    """
+
+    vocab_size: int = field(kw_only=False)
+    n_layers: int = 2
+    pad_id: int | None = None
+
+    _sizes = ("vocab_size", "n_layers")
 
     def __post_init__(self) -> None:
         """Check every field; raise naming the first bad one."""
-        for name in ("vocab_size", "n_layers", "context_length"):
-            _set(self, name, positive_int(getattr(self, name), name))
-        for name in ("norm_first", "tie_output", "scale_embeddings"):
-            _check_flag(self, name)
-        _check_common(self, DECODER_ONLY_POSITIONS)
+        super().__post_init__()
+        _pad_id(self, self.vocab_size, f"vocab_size={self.vocab_size}")

@@ -6,16 +6,18 @@ With :math:`d` the width, :math:`d_\text{ff}` the feed-forward width and
 - an embedding table: :math:`V d`;
 - a learned position table: :math:`T_\text{max} d` (sinusoidal and rotary: 0);
 - one attention sub-layer (four :math:`d \times d` projections with biases):
-  :math:`4(d^2 + d)`;
-- one feed-forward sub-layer: :math:`2 d\,d_\text{ff} + d_\text{ff} + d`;
-- one LayerNorm (gain and bias): :math:`2d`;
+  :math:`4(d^2 + d)`, or :math:`4d^2` without biases;
+- one feed-forward sub-layer: :math:`2 d\,d_\text{ff} + d_\text{ff} + d`
+  (:math:`2 d\,d_\text{ff}` without biases; gated: :math:`3 d\,d_\text{ff}`, see
+  :func:`gated_feed_forward_parameters`);
+- one norm: :math:`2d` for LayerNorm (gain and bias), :math:`d` for RMSNorm (gain);
 - an untied output projection: :math:`d V` (it has no bias; tied: 0).
 
-An encoder block is attention + feed-forward + 2 LayerNorms, a decoder block
-with cross-attention two attentions + feed-forward + 3 LayerNorms, a
-decoder-only block one attention + feed-forward + 2 LayerNorms; an encoder-only
+An encoder block is attention + feed-forward + 2 norms, a decoder block
+with cross-attention two attentions + feed-forward + 3 norms, a
+decoder-only block one attention + feed-forward + 2 norms; an encoder-only
 model (:mod:`tinyformer.models.encoder_only`) is counted like a decoder-only one. Pre-norm
-models add a final LayerNorm after each stack.
+models add a final norm after each stack.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tinyformer._validation import describe, positive_int
-from tinyformer.models.config import DecoderOnlyConfig, EncoderDecoderConfig
-from tinyformer.models.encoder_only import EncoderOnlyConfig
+from tinyformer.models.config import DecoderOnlyConfig, EncoderDecoderConfig, EncoderOnlyConfig
 
 __all__ = [
     "PublishedSize",
@@ -37,6 +38,7 @@ __all__ = [
     "gated_d_ff",
     "gated_feed_forward_parameters",
     "gpt2_config",
+    "norm_parameters",
     "parameter_count",
     "parameter_terms",
     "published_sizes",
@@ -44,14 +46,14 @@ __all__ = [
 ]
 
 
-def attention_parameters(d_model: int) -> int:
-    """Query, key, value and output projections with their biases: :math:`4(d^2 + d)`."""
-    return 4 * (d_model * d_model + d_model)
+def attention_parameters(d_model: int, *, bias: bool = True) -> int:
+    """Query, key, value and output projections: :math:`4d^2`, plus :math:`4d` of biases."""
+    return 4 * d_model * d_model + (4 * d_model if bias else 0)
 
 
-def feed_forward_parameters(d_model: int, d_ff: int) -> int:
-    r"""Two linear layers with biases: :math:`2 d\,d_\text{ff} + d_\text{ff} + d`."""
-    return 2 * d_model * d_ff + d_ff + d_model
+def feed_forward_parameters(d_model: int, d_ff: int, *, bias: bool = True) -> int:
+    r"""Two linear layers: :math:`2 d\,d_\text{ff}`, plus :math:`d_\text{ff} + d` of biases."""
+    return 2 * d_model * d_ff + ((d_ff + d_model) if bias else 0)
 
 
 def gated_feed_forward_parameters(d_model: int, d_ff: int, *, bias: bool = True) -> int:
@@ -106,9 +108,21 @@ def block_forward_flops(d_model: int, d_ff: int, seq_len: int) -> dict[str, int]
     }
 
 
-def layer_norm_parameters(d_model: int) -> int:
-    """Gain and bias: :math:`2d`."""
-    return 2 * d_model
+def norm_parameters(d_model: int, kind: str = "layernorm") -> int:
+    """A LayerNorm's gain and bias, :math:`2d`; an RMSNorm's gain, :math:`d`."""
+    return 2 * d_model if kind == "layernorm" else d_model
+
+
+def _block_parts(c: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig):
+    """Parameters of one attention sub-layer, one feed-forward sub-layer and one norm."""
+    feed_forward = (
+        gated_feed_forward_parameters if c.feed_forward == "gated" else feed_forward_parameters
+    )
+    return (
+        attention_parameters(c.d_model, bias=c.bias),
+        feed_forward(c.d_model, c.d_ff, bias=c.bias),
+        norm_parameters(c.d_model, c.norm),
+    )
 
 
 def parameter_terms(
@@ -135,11 +149,7 @@ def parameter_terms(
 
 def _encoder_decoder_terms(c: EncoderDecoderConfig) -> dict[str, int]:
     d = c.d_model
-    attention, ffn, norm = (
-        attention_parameters(d),
-        feed_forward_parameters(d, c.d_ff),
-        layer_norm_parameters(d),
-    )
+    attention, ffn, norm = _block_parts(c)
     learned = c.positional == "learned"
     return {
         "source embedding": c.src_vocab_size * d,
@@ -156,15 +166,12 @@ def _encoder_decoder_terms(c: EncoderDecoderConfig) -> dict[str, int]:
 def _decoder_only_terms(c: DecoderOnlyConfig | EncoderOnlyConfig) -> dict[str, int]:
     """One stack of blocks with one attention each: decoder-only and encoder-only alike."""
     d = c.d_model
-    context = c.context_length
-    block = (
-        attention_parameters(d) + feed_forward_parameters(d, c.d_ff) + 2 * layer_norm_parameters(d)
-    )
+    attention, ffn, norm = _block_parts(c)
     return {
         "token embedding": c.vocab_size * d,
-        "positions": context * d if c.positional == "learned" else 0,
-        "blocks": c.n_layers * block,
-        "final norm": layer_norm_parameters(d) if c.norm_first else 0,
+        "positions": c.context_length * d if c.positional == "learned" else 0,
+        "blocks": c.n_layers * (attention + ffn + 2 * norm),
+        "final norm": norm if c.norm_first else 0,
         "output projection": 0 if c.tie_output else d * c.vocab_size,
     }
 

@@ -4,10 +4,11 @@ Each position sees itself and the positions before it, and the logits at
 position :math:`t` score the token at :math:`t + 1`:
 
 .. math::
-    h_0 = E[x] + P, \qquad h_\ell = \operatorname{Block}_\ell(h_{\ell-1}), \qquad
-    z = \operatorname{LN}(h_L)\, E^\top
+    h = \operatorname{Decoder}(E[x] + P), \qquad z = h\, E^\top
 
-(pre-norm blocks with a final LayerNorm and a tied output, by default).
+with :class:`~tinyformer.models.stack.TransformerStack` as the decoder (blocks
+without cross-attention, a causal mask; pre-norm blocks with a final norm and a
+tied output, by default).
 """
 
 from __future__ import annotations
@@ -15,27 +16,25 @@ from __future__ import annotations
 import numpy as np
 
 from tinyformer._validation import describe, generator, positive_int
-from tinyformer.blocks import DecoderBlock, DecoderCache
-from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
+from tinyformer.layers import Embedding, Linear, TiedOutputProjection
 from tinyformer.models._inputs import CausalMasks, check_ids, check_state
-from tinyformer.models._stack import can_fuse, decode_step, make_positions, stack_backward
 from tinyformer.models.config import DecoderOnlyConfig
+from tinyformer.models.stack import TransformerStack
 from tinyformer.models.state import DecodeState
-from tinyformer.module import Module
-from tinyformer.norm import LayerNorm
+from tinyformer.module import Module, no_grad
 
 __all__ = ["DecoderOnlyLM"]
 
 
 class DecoderOnlyLM(Module):
-    r"""Causal language model: embedding + positions, decoder blocks without cross-attention.
+    r"""Causal language model: one stack of blocks under a causal mask, and an output layer.
 
-    Layout: token embedding (times :math:`\sqrt{d}` if ``scale_embeddings``) plus
-    learned or sinusoidal positions (rotary positions instead rotate queries and
-    keys inside every block), dropout, ``n_layers``
-    :class:`~tinyformer.blocks.DecoderBlock` with ``cross_attention=False``, a final
-    LayerNorm when ``norm_first``, then the output projection: the embedding table
-    transposed when ``tie_output``, else a bias-free ``Linear``.
+    Layout: ``decoder``, a :class:`~tinyformer.models.stack.TransformerStack`
+    (token embedding, times :math:`\sqrt{d}` if ``scale_embeddings``, plus learned
+    or sinusoidal positions, or rotary positions inside every block; dropout;
+    ``n_layers`` blocks without cross-attention; a final norm when ``norm_first``),
+    then ``output``: the embedding table transposed when ``tie_output``, else a
+    bias-free ``Linear``.
 
     Parameters
     ----------
@@ -47,19 +46,13 @@ class DecoderOnlyLM(Module):
     Attributes
     ----------
     config : DecoderOnlyConfig
-    vocab_size : int
-    max_positions : int
-        ``config.context_length``.
+    vocab_size, context_length : int
+        ``config.vocab_size`` and ``config.context_length``.
     dtype : numpy.dtype
     """
 
     family = "decoder-only"
     """The model family, which tells the generation functions what ``start`` takes."""
-
-    fused_decoding = True
-    """Let :meth:`step` run through the fused decode path when it applies
-    (``tinyformer.models._stack.decode_step``): the same numbers to the last bit, less
-    overhead per token. ``False`` runs every layer's own ``forward``."""
 
     def __init__(self, config: DecoderOnlyConfig, *, rng: np.random.Generator) -> None:
         super().__init__()
@@ -67,62 +60,28 @@ class DecoderOnlyLM(Module):
             raise TypeError(f"config must be a DecoderOnlyConfig, got {type(config).__name__}")
         rng = generator(rng)
         c = self.config = config
-        self.vocab_size = c.vocab_size
-        self.max_positions = c.context_length
+        self.vocab_size, self.context_length = c.vocab_size, c.context_length
         self.dtype = np.dtype(c.dtype)
-        d, dtype = c.d_model, self.dtype
-        self.embedding = Embedding(
-            c.vocab_size, d, rng=rng, scale_by_sqrt_d=c.scale_embeddings, dtype=dtype
+        embedding = Embedding(
+            c.vocab_size, c.d_model, rng=rng, scale_by_sqrt_d=c.scale_embeddings, dtype=self.dtype
         )
-        self.positions = make_positions(c.positional, c.context_length, d, rng=rng, dtype=dtype)
-        self.dropout = Dropout(c.dropout, rng=rng)
-        self.layers = [
-            DecoderBlock(
-                d,
-                c.n_heads,
-                c.d_ff,
-                rng=rng,
-                cross_attention=False,
-                dropout=c.dropout,
-                norm_first=c.norm_first,
-                activation=c.activation,
-                rotary=c.positional == "rotary",
-                dtype=dtype,
-            )
-            for _ in range(c.n_layers)
-        ]
-        self.final_norm = LayerNorm(d, dtype=dtype) if c.norm_first else None
+        self.decoder = TransformerStack(c, embedding, c.n_layers, cross_attention=False, rng=rng)
         self.output: Module = (
-            TiedOutputProjection(self.embedding)
+            TiedOutputProjection(embedding)
             if c.tie_output
-            else Linear(d, c.vocab_size, rng=rng, bias=False, dtype=dtype)
+            else Linear(c.d_model, c.vocab_size, rng=rng, bias=False, dtype=self.dtype)
         )
         self._causal = CausalMasks()
-
-    def _embed(self, ids: np.ndarray, start: int) -> np.ndarray:
-        x = self.embedding.forward(ids)  # (B, T, d)
-        if self.positions is not None:
-            x = self.positions.forward(x, start)
-        return self.dropout.forward(x)
-
-    def _project(self, x: np.ndarray) -> np.ndarray:
-        if self.final_norm is not None:
-            x = self.final_norm.forward(x)
-        return self.output.forward(x)  # (B, T, V)
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Logits ``(B, T, vocab_size)`` for token ids ``(B, T)``, ``T <= context_length``.
 
         The logits at position ``t`` depend on ``ids[:, :t + 1]`` only.
         """
-        c = self.config
-        ids = check_ids(ids, "ids", c.vocab_size, c.context_length, "context_length")
+        ids = check_ids(ids, "ids", self.vocab_size, self.context_length, "context_length")
         t = ids.shape[1]
-        mask = self._causal(t, t)  # (T, T)
-        x = self._embed(ids, 0)
-        for block in self.layers:
-            x = block.forward(x, self_mask=mask)  # (B, T, d)
-        logits = self._project(x)
+        h = self.decoder.forward(ids, self._causal(t, t))  # (B, T, d)
+        logits = self.output.forward(h)  # (B, T, V)
         self._save(logits.shape)
         return logits
 
@@ -135,7 +94,8 @@ class DecoderOnlyLM(Module):
             :math:`\partial L / \partial z`, the shape ``(B, T, vocab_size)`` and
             dtype of the last :meth:`forward`'s logits.
         """
-        stack_backward(self, grad_logits)
+        grad = self._checked_gradient(grad_logits)
+        self.decoder.backward(self.output.backward(grad))
 
     def start(self, batch_size: int) -> DecodeState:
         """An empty state for decoding ``batch_size`` sequences side by side."""
@@ -143,16 +103,16 @@ class DecoderOnlyLM(Module):
             raise TypeError(f"batch_size must be a positive integer, got {describe(batch_size)}")
         batch_size = positive_int(batch_size, "batch_size")
         self._cache = None
-        return DecodeState(
-            self, batch_size=batch_size, caches=[DecoderCache() for _ in self.layers]
-        )
+        return DecodeState(self, batch_size=batch_size, caches=self.decoder.new_caches())
 
     def step(self, tokens: np.ndarray, state: DecodeState) -> np.ndarray:
         """Feed ``tokens`` ``(B, n)`` at positions ``state.length ..``; return their logits.
 
         Feed a whole prompt in one call, then one token at a time. The logits
         ``(B, n, vocab_size)`` equal (to rounding) those :meth:`forward` gives at
-        the same positions for the whole prefix. ``state`` is extended in place.
+        the same positions for the whole prefix: the same stack runs, with each
+        block's keys and values appended to ``state``'s caches, under
+        :func:`~tinyformer.module.no_grad`. ``state`` is extended in place.
 
         Raises
         ------
@@ -161,17 +121,13 @@ class DecoderOnlyLM(Module):
             differ, or the state belongs to another model.
         """
         self._cache = None
-        tokens = check_ids(tokens, "tokens", self.config.vocab_size, None, "context_length")
+        tokens = check_ids(tokens, "tokens", self.vocab_size, None, "context_length")
         b, n = tokens.shape
         state = check_state(state, self, n, b)
         total = state.length + n
-        mask = None if n == 1 else self._causal(n, total)  # (n, total)
-        if self.fused_decoding and can_fuse(self):
-            logits = decode_step(self, tokens, state.length, state.caches, mask)  # (B, n, V)
-        else:
-            x = self._embed(tokens, state.length)
-            for block, cache in zip(self.layers, state.caches, strict=True):
-                x = block.forward(x, self_mask=mask, cache=cache)
-            logits = self._project(x)
+        mask = None if n == 1 else self._causal(n, total)  # (n, total): a new token sees all
+        with no_grad():
+            h = self.decoder.forward(tokens, mask, start=state.length, caches=state.caches)
+            logits = self.output.forward(h)  # (B, n, V)
         state.length = total
         return logits

@@ -6,7 +6,10 @@ block:
 
 .. math::
     m = \operatorname{Encoder}(E_\text{src}[x] + P), \qquad
-    z = \operatorname{Decoder}(E_\text{tgt}[y] + P,\ m)\,W_\text{out}.
+    z = \operatorname{Decoder}(E_\text{tgt}[y] + P,\ m)\,W_\text{out},
+
+two :class:`~tinyformer.models.stack.TransformerStack` objects, the decoder's
+blocks with cross-attention.
 
 Training runs :meth:`EncoderDecoder.forward` then :meth:`EncoderDecoder.backward`;
 generation runs :meth:`EncoderDecoder.start` (encode once) then
@@ -21,32 +24,29 @@ import copy
 import numpy as np
 
 from tinyformer._validation import generator
-from tinyformer.blocks import DecoderBlock, DecoderCache, EncoderBlock
-from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
+from tinyformer.layers import Embedding, Linear, TiedOutputProjection
 from tinyformer.masks import padding_mask
 from tinyformer.models._inputs import CausalMasks, check_ids, check_mask, check_state
-from tinyformer.models._stack import make_positions
 from tinyformer.models.config import EncoderDecoderConfig
+from tinyformer.models.stack import TransformerStack
 from tinyformer.models.state import DecodeState
-from tinyformer.module import Module
-from tinyformer.multihead import MultiHeadAttention
-from tinyformer.norm import LayerNorm
+from tinyformer.module import Module, no_grad
 
 __all__ = ["EncoderDecoder"]
 
 
 class EncoderDecoder(Module):
-    r"""The encoder-decoder transformer, from encoder and decoder blocks.
+    r"""The encoder-decoder transformer: two stacks and an output layer.
 
     Layout, for ``config.norm_first=False`` (post-norm, the original) or ``True``
-    (pre-norm, which adds a final LayerNorm after each stack):
+    (pre-norm, which adds a final norm after each stack):
 
-    - source: embedding (times :math:`\sqrt{d}` if ``scale_embeddings``) + positions,
-      dropout, ``n_encoder_layers`` encoder blocks, [LayerNorm]: the memory;
-    - target: embedding + positions, dropout, ``n_decoder_layers`` decoder blocks
-      attending to the memory, [LayerNorm], then the output projection: the target
-      embedding transposed when ``tie_output`` :cite:p:`press2017using`, else a
-      bias-free ``Linear``.
+    - ``encoder``: source embedding (times :math:`\sqrt{d}` if ``scale_embeddings``)
+      + positions, dropout, ``n_encoder_layers`` blocks, [norm]: the memory;
+    - ``decoder``: target embedding + positions, dropout, ``n_decoder_layers``
+      blocks whose cross-attention reads the memory, [norm];
+    - ``output``: the target embedding transposed when ``tie_output``
+      :cite:p:`press2017using`, else a bias-free ``Linear``.
 
     With ``share_embeddings`` the source and target use one table, so with
     ``tie_output`` one matrix serves three times and its gradient is the sum of
@@ -64,7 +64,7 @@ class EncoderDecoder(Module):
     config : EncoderDecoderConfig
     vocab_size : int
         The target vocabulary size (the width of the logits).
-    max_positions : int
+    context_length : int
         ``config.context_length``: the longest source and the most decoder positions.
     dtype : numpy.dtype
         Dtype of parameters and logits.
@@ -79,47 +79,25 @@ class EncoderDecoder(Module):
             raise TypeError(f"config must be an EncoderDecoderConfig, got {type(config).__name__}")
         rng = generator(rng)
         c = self.config = config
-        self.vocab_size = c.tgt_vocab_size
-        self.max_positions = c.context_length
+        self.vocab_size, self.context_length = c.tgt_vocab_size, c.context_length
         self.dtype = np.dtype(c.dtype)
-        d, dtype = c.d_model, self.dtype
-        embed = {"rng": rng, "scale_by_sqrt_d": c.scale_embeddings, "dtype": dtype}
-        self.source_embedding = Embedding(c.src_vocab_size, d, **embed)
+        embed = {"rng": rng, "scale_by_sqrt_d": c.scale_embeddings, "dtype": self.dtype}
+        source_embedding = Embedding(c.src_vocab_size, c.d_model, **embed)
         if c.share_embeddings:  # a second layer object (its own saved ids) on the same table
-            self.target_embedding = copy.copy(self.source_embedding)
+            target_embedding = copy.copy(source_embedding)
         else:
-            self.target_embedding = Embedding(c.tgt_vocab_size, d, **embed)
-        self.source_positions = make_positions(
-            c.positional, c.context_length, d, rng=rng, dtype=dtype
+            target_embedding = Embedding(c.tgt_vocab_size, c.d_model, **embed)
+        stack = {"rng": rng}
+        self.encoder = TransformerStack(
+            c, source_embedding, c.n_encoder_layers, cross_attention=False, **stack
         )
-        self.target_positions = make_positions(
-            c.positional, c.context_length, d, rng=rng, dtype=dtype
+        self.decoder = TransformerStack(
+            c, target_embedding, c.n_decoder_layers, cross_attention=True, **stack
         )
-        self.source_dropout = Dropout(c.dropout, rng=rng)
-        self.target_dropout = Dropout(c.dropout, rng=rng)
-        block = {
-            "rng": rng,
-            "dropout": c.dropout,
-            "norm_first": c.norm_first,
-            "activation": c.activation,
-            "dtype": dtype,
-        }
-        self.encoder_layers = [
-            EncoderBlock(d, c.n_heads, c.d_ff, **block) for _ in range(c.n_encoder_layers)
-        ]
-        self.decoder_layers = [
-            DecoderBlock(d, c.n_heads, c.d_ff, **block) for _ in range(c.n_decoder_layers)
-        ]
-        if c.attention_scale == "none":  # the ablation: raw dot products in every attention
-            for module in self.modules():
-                if isinstance(module, MultiHeadAttention):
-                    module.scale = 1.0
-        self.encoder_norm = LayerNorm(d, dtype=dtype) if c.norm_first else None
-        self.decoder_norm = LayerNorm(d, dtype=dtype) if c.norm_first else None
         self.output: Module = (
-            TiedOutputProjection(self.target_embedding)
+            TiedOutputProjection(target_embedding)
             if c.tie_output
-            else Linear(d, c.tgt_vocab_size, rng=rng, bias=False, dtype=dtype)
+            else Linear(c.d_model, c.tgt_vocab_size, rng=rng, bias=False, dtype=self.dtype)
         )
         self._causal = CausalMasks()
 
@@ -151,13 +129,7 @@ class EncoderDecoder(Module):
     # ----------------------------------------------------------------- forward
     def encode(self, source_ids: np.ndarray, source_mask: np.ndarray | None) -> np.ndarray:
         """The memory ``(B, S, d_model)`` of checked ``source_ids``; kept for backward."""
-        x = self.source_embedding.forward(source_ids)  # (B, S, d)
-        if self.source_positions is not None:
-            x = self.source_positions.forward(x)
-        x = self.source_dropout.forward(x)
-        for block in self.encoder_layers:
-            x = block.forward(x, source_mask)  # (B, S, d)
-        return x if self.encoder_norm is None else self.encoder_norm.forward(x)
+        return self.encoder.forward(source_ids, source_mask)
 
     def forward(
         self,
@@ -204,23 +176,10 @@ class EncoderDecoder(Module):
             )
         self_mask = self._decoder_mask(ids, decoder_mask)
         memory = self.encode(source_ids, source_mask)  # (B, S, d)
-        y = self._embed_target(ids, 0)  # (B, T, d)
-        for block in self.decoder_layers:
-            y = block.forward(y, memory, self_mask=self_mask, memory_mask=source_mask)
-        logits = self._project(y)  # (B, T, V)
-        self._save(logits.shape, memory.shape)
+        y = self.decoder.forward(ids, self_mask, memory=memory, memory_mask=source_mask)
+        logits = self.output.forward(y)  # (B, T, V)
+        self._save(logits.shape)
         return logits
-
-    def _embed_target(self, ids: np.ndarray, start: int) -> np.ndarray:
-        y = self.target_embedding.forward(ids)  # (B, T, d)
-        if self.target_positions is not None:
-            y = self.target_positions.forward(y, start)
-        return self.target_dropout.forward(y)
-
-    def _project(self, y: np.ndarray) -> np.ndarray:
-        if self.decoder_norm is not None:
-            y = self.decoder_norm.forward(y)
-        return self.output.forward(y)  # (B, T, V)
 
     # ---------------------------------------------------------------- backward
     def backward(self, grad_logits: np.ndarray) -> None:
@@ -232,29 +191,9 @@ class EncoderDecoder(Module):
             :math:`\partial L / \partial z`, the shape ``(B, T, tgt_vocab_size)``
             and dtype of the last :meth:`forward`'s logits.
         """
-        if self._cache is not None:  # check first, so that a bad gradient can be retried
-            self._check_grad(grad_logits, self._cache[0], self.dtype)
-        logits_shape, memory_shape = self._saved()
-        grad = self._check_grad(grad_logits, logits_shape, self.dtype)
-        grad = self.output.backward(grad)  # (B, T, d)
-        if self.decoder_norm is not None:
-            grad = self.decoder_norm.backward(grad)
-        grad_memory = np.zeros(memory_shape, dtype=self.dtype)  # (B, S, d)
-        for block in reversed(self.decoder_layers):
-            grad, grad_from_block = block.backward(grad)
-            grad_memory += grad_from_block  # every decoder block reads the memory
-        grad = self.target_dropout.backward(grad)
-        if self.target_positions is not None:
-            grad = self.target_positions.backward(grad)
-        self.target_embedding.backward(grad)
-        if self.encoder_norm is not None:
-            grad_memory = self.encoder_norm.backward(grad_memory)
-        for block in reversed(self.encoder_layers):
-            grad_memory = block.backward(grad_memory)
-        grad_memory = self.source_dropout.backward(grad_memory)
-        if self.source_positions is not None:
-            grad_memory = self.source_positions.backward(grad_memory)
-        self.source_embedding.backward(grad_memory)
+        grad = self._checked_gradient(grad_logits)
+        grad_memory = self.decoder.backward(self.output.backward(grad))  # (B, S, d)
+        self.encoder.backward(grad_memory)
 
     # --------------------------------------------------------------- inference
     def start(
@@ -267,12 +206,13 @@ class EncoderDecoder(Module):
         """
         self._cache = None
         source_ids, source_mask = self._source(source_ids, source_mask)
-        memory = self.encode(source_ids, source_mask)  # (B, S, d)
+        with no_grad():
+            memory = self.encode(source_ids, source_mask)  # (B, S, d)
         b = source_ids.shape[0]
         return DecodeState(
             self,
             batch_size=b,
-            caches=[DecoderCache() for _ in self.decoder_layers],
+            caches=self.decoder.new_caches(),
             memory=memory,
             memory_mask=None
             if source_mask is None
@@ -314,10 +254,15 @@ class EncoderDecoder(Module):
             self_mask = None if n == 1 else self._causal(n, total)
         else:
             self_mask = self._causal(n, total) & key_mask[:, None, :]  # (B, n, total)
-        y = self._embed_target(tokens, state.length)  # (B, n, d)
-        for block, cache in zip(self.decoder_layers, state.caches, strict=True):
-            y = block.forward(
-                y, state.memory, self_mask=self_mask, memory_mask=state.memory_mask, cache=cache
+        with no_grad():
+            y = self.decoder.forward(
+                tokens,
+                self_mask,
+                memory=state.memory,
+                memory_mask=state.memory_mask,
+                start=state.length,
+                caches=state.caches,
             )
+            logits = self.output.forward(y)  # (B, n, V)
         state.length, state.key_mask = total, key_mask
-        return self._project(y)
+        return logits

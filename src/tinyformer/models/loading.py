@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from tinyformer.checkpoint import Checkpoint, read_checkpoint
-from tinyformer.models.config import DecoderOnlyConfig, EncoderDecoderConfig
+from tinyformer.models.config import DecoderOnlyConfig, EncoderDecoderConfig, EncoderOnlyConfig
 from tinyformer.models.decoder_only import DecoderOnlyLM
 from tinyformer.models.encoder_decoder import EncoderDecoder
-from tinyformer.models.encoder_only import EncoderOnlyConfig, EncoderOnlyMLM
+from tinyformer.models.encoder_only import EncoderOnlyMLM
 from tinyformer.module import Module
 
 __all__ = ["MODEL_CLASSES", "load_model", "model_from_checkpoint"]

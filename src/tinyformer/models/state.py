@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tinyformer._validation import describe, non_negative_int
-from tinyformer.blocks import DecoderCache
+from tinyformer.blocks import BlockCache
 
 __all__ = ["DecodeState"]
 
@@ -44,7 +44,7 @@ class DecodeState:
         Number of sequences (rows) decoded side by side.
     length : int
         Number of decoder positions consumed so far, the same for every row.
-    caches : list of DecoderCache
+    caches : list of BlockCache
         One key/value cache per decoder block.
     memory : numpy.ndarray or None
         Encoder output ``(B, S, d_model)`` of an encoder-decoder model.
@@ -62,7 +62,7 @@ class DecodeState:
         owner: Any,
         *,
         batch_size: int,
-        caches: list[DecoderCache],
+        caches: list[BlockCache],
         memory: np.ndarray | None = None,
         memory_mask: np.ndarray | None = None,
         key_mask: np.ndarray | None = None,

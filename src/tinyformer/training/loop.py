@@ -30,7 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from tinyformer._validation import describe, generator, positive_float, positive_int
+from tinyformer._validation import (
+    NonFiniteError,
+    describe,
+    generator,
+    positive_float,
+    positive_int,
+)
 from tinyformer.checkpoint import read_checkpoint, save_checkpoint
 from tinyformer.data.batching import PairDataset
 from tinyformer.module import Module
@@ -47,14 +53,17 @@ Evaluate = Callable[[Module], Mapping[str, float]]
 
 
 class DivergenceError(FloatingPointError):
-    """The loss or the gradient norm of a step was NaN or infinite; the step was not applied.
+    """Training diverged: a step's loss, gradient norm or activations are NaN or infinite.
+
+    The failing step is not applied, so the weights are those after the step before.
 
     Attributes
     ----------
     step : int
         The step (counted from 1) that failed.
     quantity : str
-        ``"loss"`` or ``"gradient norm"``.
+        ``"loss"``, ``"gradient norm"``, or ``"activations"`` when values inside the
+        forward pass overflowed to NaN or inf (the weights grew too large to use).
     value : float
     """
 
@@ -101,7 +110,7 @@ def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
 
 def _check_data_fits(model: Module, data: object) -> None:
     """Refuse training data longer than the model's context, naming the config field."""
-    limit = getattr(model, "max_positions", None)
+    limit = getattr(model, "context_length", None)
     config = getattr(model, "config", None)
     if limit is None or config is None:  # a stand-in module: nothing to check
         return
@@ -166,9 +175,13 @@ class Trainer:
         :func:`~tinyformer.runtime.threads_for` about the model's largest matrix product
         (``2 * batch_size * context_length * d_model * d_ff``), unless the
         environment sets a thread count (``OMP_NUM_THREADS`` and the like), which
-        wins; an int sets the count; None leaves BLAS as it is. :meth:`fit` also
-        calls :func:`~tinyformer.runtime.retain_freed_memory` (both are explained in
+        wins; an int sets the count; None leaves BLAS as it is (explained in
         :mod:`tinyformer.runtime`).
+    retain_memory : bool
+        Call :func:`~tinyformer.runtime.retain_freed_memory` before training: glibc
+        then keeps freed memory for reuse, which saves page faults at every step,
+        for the rest of the process. Off by default, since it changes the C
+        allocator of the whole process, not only of the trainer.
 
     Attributes
     ----------
@@ -197,6 +210,7 @@ class Trainer:
         checkpoint_path: str | os.PathLike[str] | None = None,
         checkpoint_every: int | None = None,
         threads: int | str | None = "auto",
+        retain_memory: bool = False,
     ) -> None:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a tinyformer Module, got {describe(model)}")
@@ -238,6 +252,9 @@ class Trainer:
         if threads is not None and threads != "auto":
             threads = positive_int(threads, "threads")
         self.threads = threads
+        if not isinstance(retain_memory, bool):
+            raise TypeError(f"retain_memory must be True or False, got {describe(retain_memory)}")
+        self.retain_memory = retain_memory
         self.step = 0
         self.history = History()
         self.stop_reason: str | None = None
@@ -258,7 +275,10 @@ class Trainer:
         next_step = self.step + 1
         # a diverging model overflows: we check the results ourselves and stop with a clear error
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            result = self.objective(self.model, batch, backward=True)
+            try:
+                result = self.objective(self.model, batch, backward=True)
+            except NonFiniteError as err:  # values overflowed inside the forward pass
+                raise DivergenceError(next_step, "activations", math.nan) from err
             if not isinstance(result, StepResult):
                 raise TypeError(f"the objective must return a StepResult, got {describe(result)}")
             if not math.isfinite(result.loss):
@@ -269,7 +289,8 @@ class Trainer:
         if self.clip_norm is not None:
             clip_grad_norm(self.optimizer.parameters, self.clip_norm)
         lr = self.optimizer.lr
-        self.optimizer.step()
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows at the next step
+            self.optimizer.step()
         self.step = next_step
         return result, norm, lr
 
@@ -323,7 +344,8 @@ class Trainer:
             ``self.history``.
         """
         budget = self._budget(max_steps, max_epochs)
-        retain_freed_memory()
+        if self.retain_memory:
+            retain_freed_memory()
         with blas_threads(self.blas_thread_count()):
             return self._fit(budget)
 
