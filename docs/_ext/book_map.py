@@ -6,9 +6,12 @@ Chapters are numbered in reading order. The line for a page is, first found:
 
 1. ``description`` in the page's front matter (the page's authors own it);
 2. a line ``docname: text`` in the directive's content (the landing page's own words);
-3. the first sentence of the page's first paragraph.
+3. the first sentence of the page's first paragraph, with a warning (an error in the strict
+   build): a first sentence often leans on the page before it, so every page needs a line of
+   its own.
 
-So a new chapter appears in the map as soon as it is in a toctree, with a line about it.
+So a new chapter appears in the map as soon as it is in a toctree, and the build says that its
+line is missing.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from docutils import nodes
 from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.transforms.post_transforms import SphinxPostTransform
+from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
+
+logger = logging.getLogger(__name__)
 
 SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 
@@ -156,6 +162,12 @@ class FillBookMap(SphinxPostTransform):
             return nodes.inline("", str(described))
         if docname in lines:
             return lines[docname].deepcopy()
+        logger.warning(
+            "book-map: no line about %r (add `description` to its front matter or a line"
+            " to the book-map directive)",
+            docname,
+            location=self.document,
+        )
         first = getattr(self.env, "tf_first_paragraph", {}).get(docname)
         return first.deepcopy() if first is not None else None
 

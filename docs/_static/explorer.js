@@ -48,8 +48,9 @@
     };
   }
 
-  // softmax(Q K^T / sqrt(d_k)) row by row, with d_k = 2. Like tinyformer's
-  // softmax, each row's largest score is subtracted before exponentiating.
+  // softmax(Q K^T / sqrt(d_k)) row by row, with d_k = 2. Each row's largest score is
+  // subtracted before exponentiating, so no exponential overflows. (tinyformer's softmax
+  // shifts only the rows whose largest score is outside a safe range; the weights agree.)
   function attentionWeights(vectors, s) {
     const { q, k } = queriesAndKeys(vectors, s);
     const scale = 1 / Math.sqrt(2);

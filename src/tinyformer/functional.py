@@ -410,10 +410,3 @@ def silu_grad(x: np.ndarray) -> np.ndarray:
     x = float_array(x, "x")
     _, dy = _blockwise(_silu_block, x, 2)
     return dy
-
-
-def silu_grad(x: np.ndarray) -> np.ndarray:
-    r"""Derivative of SiLU: :math:`\sigma(x)\,(1 + x\,(1 - \sigma(x)))`."""
-    x = float_array(x, "x")
-    s = _sigmoid(x)
-    return s * (1.0 + x * (1.0 - s))

@@ -63,6 +63,10 @@ def padding_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
     -------
     numpy.ndarray of bool
         Shape ``(B, 1, T_k)``: True for real tokens, broadcasting over queries.
+        Scores already split into heads, ``(B, h, T_q, T_k)``, need a head axis as well:
+        ``mask[:, None]`` (shape ``(B, 1, 1, T_k)``). Without it NumPy aligns the
+        sequence axis with the head axis; :class:`~tinyformer.multihead.MultiHeadAttention`
+        inserts that axis itself.
     """
     ids = token_ids(ids, "ids")
     if ids.ndim != 2:

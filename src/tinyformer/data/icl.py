@@ -7,7 +7,8 @@ again and again until the row is full:
 
 Every row draws a fresh segment, so nothing about the content can be learned
 from the training set: the first :math:`L` tokens of a row are unpredictable
-(their best possible loss is :math:`\log V`), and every later token is a copy
+(a predictor told the period can do no better than :math:`\log V` on them; one that
+must infer the period from the row does worse), and every later token is a copy
 of the one :math:`L` places before it, which a model can predict only by
 reading the row itself. The period :math:`L` is drawn per row from
 ``min_period .. max_period``, so no fixed offset finds the copy either.

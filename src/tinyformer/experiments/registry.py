@@ -61,9 +61,13 @@ BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("reversal", dict(REVERSAL_SGD_CLAIM)),
     # the masked language model of chapter "The encoder"
     ("masked_lm", {"seed": 0}),
+    ("masked_lm", {"seed": 1}),
+    ("masked_lm", {"seed": 2}),
     ("markov_lm", {"seed": 0}),
     # in-context learning and its length limit (chapter "What transformers can and cannot do")
     ("in_context", {"seed": 0}),
+    ("in_context", {"seed": 1}),
+    ("in_context", {"seed": 2}),
     ("in_context", {"seed": 0, "positional": "learned"}),
     # the draft model of speculative decoding (chapter "Fast inference"): small and weaker
     ("markov_lm", {"seed": 0, "d_model": 16, "n_heads": 2, "d_ff": 64, "n_layers": 1}),

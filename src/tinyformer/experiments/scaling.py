@@ -70,7 +70,7 @@ ISO_COMPUTE_SEEDS = SWEEP_SEEDS
 DECIDING_WIDTHS = (16, 24)
 """The two best splits of the iso-compute budget, too close to tell apart with a few seeds."""
 DECIDING_SEEDS = tuple(range(16))
-"""The seeds trained at each deciding width: enough for the two mean losses to separate."""
+"""The seeds trained at each deciding width, enough for the two mean losses to separate."""
 
 
 def scaling_config(

@@ -37,6 +37,7 @@ import inspect
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -70,13 +71,28 @@ _NOT_DIGESTED = frozenset({"experiments/registry.py", "experiments/cli.py"})
 """Modules whose code cannot change what a run computes: the book's list of runs and the CLI."""
 
 
+_PARSING = threading.Lock()
+
+
+def _parse(path: Path) -> ast.Module:
+    """The syntax tree of a source file, parsed by one thread at a time.
+
+    CPython 3.11's parser is not safe to run from several threads at once (it can raise
+    ``SystemError: AST constructor recursion depth mismatch``), and runs may be keyed
+    from threads.
+    """
+    source = path.read_bytes()
+    with _PARSING:
+        return ast.parse(source, filename=str(path))
+
+
 def _code(path: Path) -> bytes:
     """A module's code without its docstrings and comments (the AST, dumped).
 
     Every statement that is a bare string (a module, class or function docstring, or the
     docstring of a module-level name that Sphinx reads) is dropped: none can change a result.
     """
-    tree = ast.parse(path.read_bytes(), filename=str(path))
+    tree = _parse(path)
     for node in ast.walk(tree):
         for field in ("body", "orelse", "finalbody"):
             body = getattr(node, field, None)
@@ -111,7 +127,7 @@ def _file(module: str) -> Path | None:
 def _imported(path: Path) -> set[str]:
     """The tinyformer modules a file imports, anywhere in it, and the packages they sit in."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:

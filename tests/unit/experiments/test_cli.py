@@ -74,7 +74,7 @@ def test_unknown_names_and_bad_job_counts_are_refused(capsys, tmp_path):
     [
         ("reversal", {}, "held-out greedy exact match >= 0.99", "greedy exact match"),
         ("markov_lm", {}, "held-out loss within 3% of H", "against the entropy rate"),
-        ("in_context", {}, "an induction head scoring >= 0.5", "induction score"),
+        ("in_context", {}, "below a fifth of the first half's", "induction score"),
         ("masked_lm", {}, "within 35% of the exact optimum", "masked-token loss"),
         ("scaling", {}, "no held-out window among the training windows", "above H"),
         ("norm_placement", {}, None, "held-out loss"),
