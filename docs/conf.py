@@ -14,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 from jupyter_cache import get_cache
 
 from tinyformer.experiments import package_digest
@@ -91,7 +92,8 @@ def _execution_cache() -> str:
     workers, stops two workers from creating it at the same moment.
     """
     root = BUILD / ".jupyter_cache"
-    current = root / package_digest()
+    # outputs depend on NumPy's version as the stored runs and figures do: key on both
+    current = root / f"{package_digest()}-numpy-{np.__version__}"
     if root.is_dir():
         for old in root.iterdir():
             if old != current and old.is_dir():

@@ -16,7 +16,7 @@ from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch, Rectangl
 from _common import out_dir
 from tinyformer.viz import PETROFF10, new_figure, save_figure
 
-HEIGHT = 8.6  # inches; the width is the book's FIGURE_WIDTH, and one data unit is one inch
+HEIGHT = 8.8  # inches; the width is the book's FIGURE_WIDTH, and one data unit is one inch
 FONT, SMALL = 8.5, 8.0  # points: box text, shape labels (the book's smallest allowed is 8)
 INK, SHAPE_INK = "#222222", "#4a4a4a"
 FADED = 0.22  # opacity of the parts a highlighted version does not highlight
@@ -213,8 +213,9 @@ def decoder(col: Column) -> None:
     col.post_norm("masked self-attention\ncausal mask\nheads " + shape("B", "h", "T", "dk"),
                   "attention", shape("B", "T", "d"), height=0.62)  # fmt: skip
     col.arrow(shape("B", "T", "d"))
-    col.post_norm("cross-attention\nK, V from memory\nweights " + shape("B", "h", "T", "S"),
-                  "attention", shape("B", "T", "d"), name="cross", height=0.62)  # fmt: skip
+    col.post_norm("cross-attention\nK, V from memory\nsource padding mask\nweights "
+                  + shape("B", "h", "T", "S"), "attention", shape("B", "T", "d"), name="cross",
+                  height=0.8)  # fmt: skip
     col.arrow(shape("B", "T", "d"))
     col.post_norm("feed-forward\nhidden " + shape("B", "T", "dff"), "ffn", shape("B", "T", "d"))
     col.frame(bottom, r"$\times L$")

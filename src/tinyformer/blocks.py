@@ -163,9 +163,16 @@ class TransformerBlock(Module):
         Biases in the attention projections and the feed-forward layers.
     rotary : bool
         Rotary positions in the self-attention.
+    rotary_base : float
+        The rotary frequency base.
+    rotary_layout : str
+        ``"adjacent"`` or ``"halves"``: the features rotated together.
     scale : float, optional
         The attention scores' factor in every attention sub-layer; ``None``
         means :math:`1/\sqrt{d_k}`.
+    n_kv_heads : int, optional
+        Key/value heads of every attention sub-layer (grouped-query attention);
+        ``None`` means ``n_heads``.
     dtype : float32 or float64
         Dtype of parameters and accepted inputs.
     """
@@ -186,7 +193,10 @@ class TransformerBlock(Module):
         activation: str = "relu",
         bias: bool = True,
         rotary: bool = False,
+        rotary_base: float = 10000.0,
+        rotary_layout: str = "adjacent",
         scale: float | None = None,
+        n_kv_heads: int | None = None,
         dtype: object = np.float64,
     ) -> None:
         super().__init__()
@@ -194,13 +204,21 @@ class TransformerBlock(Module):
         positive_int(d_ff, "d_ff")
         rng, self.dtype = generator(rng), float_dtype(dtype)
         self.norm_first = bool(norm_first)
-        heads = {"rng": rng, "dropout": dropout, "bias": bias, "scale": scale, "dtype": dtype}
+        heads = {
+            "rng": rng,
+            "dropout": dropout,
+            "bias": bias,
+            "scale": scale,
+            "n_kv_heads": n_kv_heads,
+            "dtype": dtype,
+        }
 
         def residual(layer: Module) -> Residual:
             norm_layer = make_norm(norm, self.d_model, eps=norm_eps, dtype=dtype)
             return Residual(layer, norm_layer, Dropout(dropout, rng=rng), norm_first=norm_first)
 
-        attention = MultiHeadAttention(self.d_model, n_heads, rotary=rotary, **heads)
+        rotation = {"rotary": rotary, "rotary_base": rotary_base, "rotary_layout": rotary_layout}
+        attention = MultiHeadAttention(self.d_model, n_heads, **rotation, **heads)
         self.self_attention = residual(attention)
         self.cross_attention = (
             residual(MultiHeadAttention(self.d_model, n_heads, **heads))
@@ -319,11 +337,13 @@ def trace_block(
     if block.norm_first:
         steps.append(("norm 1", z))
     q = _split_heads(mha.q_proj.forward(z), mha.n_heads)  # (B, h, T, d_k)
-    k = _split_heads(mha.k_proj.forward(z), mha.n_heads)
-    v = _split_heads(mha.v_proj.forward(z), mha.n_heads)
+    k = _split_heads(mha.k_proj.forward(z), mha.n_kv_heads)  # (B, h_kv, T, d_k)
+    v = _split_heads(mha.v_proj.forward(z), mha.n_kv_heads)
     steps += [("queries Q, heads split", q), ("keys K", k), ("values V", v)]
     out = mha.forward(z, mask=mask)  # (B, T, d)
     weights = mha.attention_weights  # (B, h, T, T)
+    if mha.group > 1:  # for display: each key/value head beside each query head of its group
+        v = np.repeat(v, mha.group, axis=1)  # (B, h, T, d_k)
     heads = weights @ v  # (B, h, T, d_k)
     steps += [("attention weights", weights), ("heads: weights @ V", heads)]
     steps += [("heads concatenated", _merge_heads(heads)), ("output projection W_O", out)]

@@ -78,7 +78,8 @@ def forward_flops(config: StackConfig, seq_len: int, batch_size: int = 1) -> dic
     """
     c = _stack_config(config)
     t, b = positive_int(seq_len, "seq_len"), positive_int(batch_size, "batch_size")
-    block = block_forward_flops(c.d_model, c.d_ff, t)
+    d_kv = None if c.n_kv_heads is None else c.n_kv_heads * c.d_k  # grouped-query attention
+    block = block_forward_flops(c.d_model, c.d_ff, t, d_kv=d_kv)
     terms = {"embeddings": 0}
     terms.update({name: c.n_layers * b * value for name, value in block.items()})
     terms["output layer"] = 2 * b * t * c.d_model * c.vocab_size
@@ -223,8 +224,9 @@ def block_activation_elements(config: StackConfig, seq_len: int) -> dict[str, in
 
     With dropout off: each norm keeps :math:`\hat x` (:math:`Td`) and :math:`1/\sigma`
     (:math:`T`); attention keeps its input (one array for the three projections),
-    :math:`Q, K, V` and the merged heads (the output projection's input: :math:`5Td`)
-    and the weights (:math:`hT^2`); the feed-forward network keeps its input
+    :math:`Q, K, V` and the merged heads (the output projection's input: :math:`5Td`;
+    with grouped-query attention :math:`K` and :math:`V` have :math:`d_{kv} = h_{kv} d_k`
+    features, so :math:`3Td + 2Td_{kv}`) and the weights (:math:`hT^2`); the feed-forward network keeps its input
     (:math:`Td`) and :math:`k\,T d_\text{ff}`, where :math:`k` = 1 for ReLU (its output
     says where the input was positive) and 2 otherwise (the activation's output, and its
     derivative, computed in the forward pass). Dropout with :math:`p > 0` adds a mask for
@@ -236,9 +238,10 @@ def block_activation_elements(config: StackConfig, seq_len: int) -> dict[str, in
     c = _stack_config(config)
     t, d, h, d_ff = positive_int(seq_len, "seq_len"), c.d_model, c.n_heads, c.d_ff
     k = 1 if c.activation == "relu" else 2
+    qkv = 5 * t * d if c.n_kv_heads is None else 3 * t * d + 2 * t * c.n_kv_heads * c.d_k
     terms = {
         "layer norms": 2 * (t * d + t),
-        "attention (input, Q, K, V, heads)": 5 * t * d,
+        "attention (input, Q, K, V, heads)": qkv,
         "attention weights": h * t * t,
         "feed-forward": t * d + k * t * d_ff,
     }

@@ -109,6 +109,8 @@ def check_module_gradients(
 ) -> dict[str, float]:
     """Compare ``module.backward`` with finite differences for every input and parameter.
 
+    Frozen parameters (``requires_grad=False``) are left out: nothing computes their gradient.
+
     Parameters
     ----------
     module : Module
@@ -157,7 +159,8 @@ def check_module_gradients(
         for i, (g, x) in enumerate(zip(grads, inputs, strict=True))
     }
     for name, p in module.named_parameters():
-        pairs[name] = (p.grad, numerical_gradient(loss, p.value, eps))
+        if p.requires_grad:  # a frozen parameter gets no gradient to check
+            pairs[name] = (p.grad, numerical_gradient(loss, p.value, eps))
     return _relative_errors(pairs)
 
 
@@ -192,7 +195,7 @@ def check_parameter_gradients(
     module.zero_grad()
     _, grad_output = run()
     module.backward(grad_output)
-    analytic = {name: p.grad.copy() for name, p in module.named_parameters()}
+    analytic = {name: p.grad.copy() for name, p in module.named_parameters() if p.requires_grad}
 
     def loss() -> float | np.ndarray:
         return run()[0]
@@ -201,5 +204,6 @@ def check_parameter_gradients(
         {
             name: (analytic[name], numerical_gradient(loss, p.value, eps))
             for name, p in module.named_parameters()
+            if p.requires_grad
         }
     )

@@ -58,16 +58,24 @@ class Parameter:
     ----------
     value : numpy.ndarray
         Initial value; float32 or float64. The parameter owns this array.
+    requires_grad : bool
+        Whether training computes a gradient for it. ``False`` marks a frozen
+        parameter (the base weights under a low-rank adapter,
+        :mod:`tinyformer.lora`): its layer adds nothing to ``grad`` and the
+        gradient checks of :mod:`tinyformer.gradcheck` leave it out.
     """
 
-    __slots__ = ("grad", "value")
+    __slots__ = ("grad", "requires_grad", "value")
 
-    def __init__(self, value: np.ndarray) -> None:
+    def __init__(self, value: np.ndarray, *, requires_grad: bool = True) -> None:
         if not isinstance(value, np.ndarray):
             raise TypeError(f"value must be a numpy.ndarray, got {describe(value)}")
         float_dtype(value.dtype, "value.dtype")
+        if not isinstance(requires_grad, bool):
+            raise TypeError(f"requires_grad must be True or False, got {describe(requires_grad)}")
         self.value = value
         self.grad = np.zeros_like(value)
+        self.requires_grad = requires_grad
 
     @property
     def shape(self) -> tuple[int, ...]:

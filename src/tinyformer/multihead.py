@@ -13,6 +13,15 @@ evaluation and cached decoding all run this one path; the only difference in a
 decoding step is that new keys and values are appended to a :class:`KVCache` and
 attention reads all of it.
 
+With ``n_kv_heads`` smaller than ``n_heads`` the layer is grouped-query attention
+(:cite:t:`ainslie2023gqa`; multi-query attention, :cite:t:`shazeer2019fast`, when
+``n_kv_heads=1``): the key and value projections make ``n_kv_heads`` heads, and
+each is shared by a group of ``n_heads // n_kv_heads`` query heads. The sharing is a
+broadcast, never a copy: the queries are viewed as ``(B, h_kv, g, T, d_k)`` and each
+key/value head as ``(B, h_kv, 1, T, d_k)``, so the attention's backward pass returns
+one gradient per query head of a group, and the layer sums them over the group axis
+(the chain rule for a shared input). The cache holds the ``n_kv_heads`` heads only.
+
 :func:`multi_head_attention_loop` computes the same thing one head at a time; it
 exists only to show (and test) that the two agree.
 """
@@ -28,6 +37,7 @@ from tinyformer._validation import (
     generator,
     layer_input,
     non_negative_int,
+    one_of,
     positive_float,
     positive_int,
 )
@@ -39,9 +49,22 @@ from tinyformer.attention import (
 )
 from tinyformer.layers import Dropout, Linear
 from tinyformer.module import Module
-from tinyformer.positional import apply_rotary
+from tinyformer.positional import ROTARY_LAYOUTS, apply_rotary
 
-__all__ = ["KVCache", "MultiHeadAttention", "multi_head_attention_loop"]
+__all__ = ["KVCache", "MultiHeadAttention", "kv_heads", "multi_head_attention_loop"]
+
+
+def kv_heads(n_kv_heads: object, n_heads: int, name: str = "n_kv_heads") -> int:
+    """``n_kv_heads`` checked against ``n_heads`` (positive, dividing it); ``None`` gives ``n_heads``."""
+    if n_kv_heads is None:
+        return n_heads
+    value = positive_int(n_kv_heads, name)
+    if n_heads % value:
+        raise ValueError(
+            f"{name} must divide n_heads={n_heads} (each key/value head serves a whole"
+            f" group of query heads), got {name}={value}"
+        )
+    return value
 
 
 class KVCache:
@@ -56,6 +79,9 @@ class KVCache:
     at each call. For cross-attention it fills the cache from the encoder
     memory on the first call and reuses it afterwards (the memory does not
     change while a sequence is decoded).
+
+    Its head axis ``h`` counts the layer's key/value heads (``n_kv_heads``), which
+    with grouped-query attention is fewer than its query heads.
     """
 
     def __init__(self) -> None:
@@ -194,6 +220,14 @@ def _layer_mask(mask: object, shape: tuple[int, int, int]) -> np.ndarray:
     return allowed[:, None] if allowed.ndim == 3 else allowed  # (B, 1, T_q, T_k) or less
 
 
+def _group_axis(x: np.ndarray | None, n_kv_heads: int) -> np.ndarray | None:
+    """View ``(B, h, ...)`` as ``(B, h_kv, g, ...)``: query head ``i`` is member ``i % g`` of group ``i // g``."""
+    if x is None:
+        return None
+    b, h = x.shape[:2]
+    return x.reshape(b, n_kv_heads, h // n_kv_heads, *x.shape[2:])  # splits an axis: a view
+
+
 class MultiHeadAttention(Module):
     r"""Multi-head attention of :cite:t:`vaswani2017attention`, all heads at once.
 
@@ -208,6 +242,13 @@ class MultiHeadAttention(Module):
     ``Linear`` layers ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj``; head
     :math:`i` uses columns ``i d_k .. (i+1) d_k - 1`` of each of the first three.
 
+    Grouped-query attention (``n_kv_heads`` :math:`= h_{kv} < h`): ``k_proj`` and
+    ``v_proj`` make :math:`h_{kv}` heads, ``(d_model, h_kv d_k)`` each, and query
+    head :math:`i` reads key/value head :math:`\lfloor i / g \rfloor`, with
+    :math:`g = h / h_{kv}` (the order of ``repeat_interleave`` in PyTorch and of
+    Hugging Face's ``repeat_kv``). The gradient of a shared key or value head is
+    the sum of its :math:`g` query heads' gradients.
+
     Backward, with :math:`G` the gradient at the output: ``out_proj`` gives the
     gradient of the merged heads, split into heads it goes through
     :func:`~tinyformer.attention.scaled_dot_product_attention_backward` (and back
@@ -219,7 +260,7 @@ class MultiHeadAttention(Module):
     d_model : int
         Model width; must be divisible by ``n_heads``.
     n_heads : int
-        Number of heads :math:`h`.
+        Number of (query) heads :math:`h`.
     rng : numpy.random.Generator
         Draws the Glorot-uniform projections (in the order query, key, value,
         output; biases start at zero) and the attention dropout.
@@ -232,14 +273,26 @@ class MultiHeadAttention(Module):
         in self-attention; with a cache, new positions continue after the cached ones.
     rotary_base : float
         The frequency base of the rotation.
+    rotary_layout : str
+        Which features form a rotated pair: ``"adjacent"`` (the default:
+        :math:`(2i, 2i+1)`, as in the RoFormer paper and Meta's original LLaMA
+        code) or ``"halves"`` (:math:`(i, i + d_k/2)`, Hugging Face's
+        ``rotate_half``). :func:`~tinyformer.positional.convert_rotary_layout`
+        converts query and key weights from one to the other.
     scale : float, optional
         Factor :math:`s` applied to the scores; ``None`` (the default) means
         :math:`1/\sqrt{d_k}`. ``scale=1.0`` removes the scaling (an ablation).
+    n_kv_heads : int, optional
+        Number of key/value heads :math:`h_{kv}`, dividing ``n_heads``; ``None``
+        (the default) means ``n_heads``: plain multi-head attention. ``1`` is
+        multi-query attention.
     dtype : float32 or float64
         Dtype of parameters and accepted inputs.
 
     Attributes
     ----------
+    group : int
+        Query heads per key/value head, :math:`g = h / h_{kv}`.
     scale : float
         The factor :math:`s` in use.
     attention_weights : numpy.ndarray
@@ -257,7 +310,9 @@ class MultiHeadAttention(Module):
         bias: bool = True,
         rotary: bool = False,
         rotary_base: float = 10000.0,
+        rotary_layout: str = "adjacent",
         scale: float | None = None,
+        n_kv_heads: int | None = None,
         dtype: object = np.float64,
     ) -> None:
         super().__init__()
@@ -268,18 +323,22 @@ class MultiHeadAttention(Module):
                 f"d_model must be divisible by n_heads, got d_model={self.d_model}"
                 f" and n_heads={self.n_heads}"
             )
+        self.n_kv_heads = kv_heads(n_kv_heads, self.n_heads)
+        self.group = self.n_heads // self.n_kv_heads
         self.d_k = self.d_model // self.n_heads
         if rotary and self.d_k % 2:
             raise ValueError(f"rotary positions need an even head size d_k, got {self.d_k}")
         self.rotary = bool(rotary)
         self.rotary_base = positive_float(rotary_base, "rotary_base")
+        self.rotary_layout = one_of(rotary_layout, ROTARY_LAYOUTS, "rotary_layout")
         self.dtype = float_dtype(dtype)
         self.scale = _scale(scale, self.d_k)  # a Python float: float32 stays float32
         rng = generator(rng)
         d, options = self.d_model, {"rng": rng, "bias": bias, "dtype": self.dtype}
+        d_kv = self.n_kv_heads * self.d_k  # d, unless the key/value heads are shared
         self.q_proj = Linear(d, d, **options)  # W^Q, (d, h d_k)
-        self.k_proj = Linear(d, d, **options)  # W^K
-        self.v_proj = Linear(d, d, **options)  # W^V
+        self.k_proj = Linear(d, d_kv, **options)  # W^K, (d, h_kv d_k)
+        self.v_proj = Linear(d, d_kv, **options)  # W^V
         self.out_proj = Linear(d, d, **options)  # W^O, (h d_k, d)
         self.dropout = Dropout(dropout, rng=rng)
         self.attention_weights: np.ndarray | None = None
@@ -309,6 +368,16 @@ class MultiHeadAttention(Module):
                 f" of x, got shape {context.shape}"
             )
         return x, context
+
+    def _rotate(
+        self, x: np.ndarray, positions: np.ndarray, *, inverse: bool = False
+    ) -> np.ndarray:
+        """Queries or keys ``(B, heads, T, d_k)`` rotated for ``positions`` (RoPE), or back."""
+        if self.rotary_layout == "adjacent":  # the default, in the call it has always made
+            return apply_rotary(x, positions, base=self.rotary_base, inverse=inverse)
+        return apply_rotary(
+            x, positions, base=self.rotary_base, inverse=inverse, layout=self.rotary_layout
+        )
 
     def forward(
         self,
@@ -348,21 +417,26 @@ class MultiHeadAttention(Module):
             k, v = cache.keys, cache.values  # the memory's, computed at the first step
         else:
             source = x if context is None else context
-            k = _split_heads(self.k_proj.forward(source), h)  # (B, h, T_k, d_k)
-            v = _split_heads(self.v_proj.forward(source), h)
+            k = _split_heads(self.k_proj.forward(source), self.n_kv_heads)  # (B, h_kv, T_k, d_k)
+            v = _split_heads(self.v_proj.forward(source), self.n_kv_heads)
             if self.rotary:  # x's positions continue after the cached ones
                 start = 0 if cache is None else len(cache)
                 positions = np.arange(start, start + t)
-                q = apply_rotary(q, positions, base=self.rotary_base)
-                k = apply_rotary(k, positions, base=self.rotary_base)
+                q = self._rotate(q, positions)
+                k = self._rotate(k, positions)
             if cache is not None:
-                k, v = cache.append(k, v)  # (B, h, T_cached + T, d_k)
+                k, v = cache.append(k, v)  # (B, h_kv, T_cached + T, d_k)
         allowed = None if mask is None else _layer_mask(mask, (b, t, k.shape[2]))
         keep = self.dropout.mask((b, h, t, k.shape[2]), self.dtype)  # None unless training
+        if self.group > 1:  # grouped queries, (B, h_kv, g, T_q, d_k), share a key/value head
+            q, keep = _group_axis(q, self.n_kv_heads), _group_axis(keep, self.n_kv_heads)
+            if allowed is not None and allowed.ndim == 4:  # (B, 1, T_q, T_k): one more axis
+                allowed = allowed[:, :, None]  # (B, 1, 1, T_q, T_k)
+            k, v = k[:, :, None], v[:, :, None]  # (B, h_kv, 1, T_k, d_k): broadcast, no copy
         heads, weights = _attention(q, k, v, allowed, self.scale, keep)  # as derived, all heads
-        # heads (B, h, T_q, d_k), weights (B, h, T_q, T_k)
-        self.attention_weights = weights
-        merged = _merge_heads(heads)  # (B, T_q, d_model): the heads side by side
+        # heads (B, h, T_q, d_k), weights (B, h, T_q, T_k); grouped: (B, h_kv, g, ...)
+        self.attention_weights = weights.reshape(b, h, t, k.shape[-2])
+        merged = _merge_heads(heads.reshape(b, h, t, -1))  # (B, T_q, d_model): heads side by side
         out = self.out_proj.forward(merged)  # (B, T_q, d_model)
         if cache is None:
             self._save(q, k, v, weights, merged, keep, positions, context is not None)
@@ -382,12 +456,17 @@ class MultiHeadAttention(Module):
         h = self.n_heads
         grad_heads = _split_heads(self.out_proj.backward(grad_out), h)  # (B, h, T, d_k)
         output = _split_heads(merged, h)  # the heads' outputs, (B, h, T, d_k)
+        if self.group > 1:
+            grad_heads, output = (_group_axis(a, self.n_kv_heads) for a in (grad_heads, output))
         grad_q, grad_k, grad_v = _attention_backward(
             grad_heads, q, k, v, weights, output, self.scale, keep
-        )  # (B, h, T, d_k) each
+        )  # (B, h, T, d_k) each; grouped: (B, h_kv, g, T, d_k)
+        if self.group > 1:  # a shared key/value head: the sum of its group's gradients
+            grad_q = grad_q.reshape(grad_q.shape[0], h, *grad_q.shape[3:])  # (B, h, T_q, d_k)
+            grad_k, grad_v = grad_k.sum(axis=2), grad_v.sum(axis=2)  # (B, h_kv, T_k, d_k)
         if positions is not None:  # the rotation's transpose is the inverse rotation
-            grad_q = apply_rotary(grad_q, positions, base=self.rotary_base, inverse=True)
-            grad_k = apply_rotary(grad_k, positions, base=self.rotary_base, inverse=True)
+            grad_q = self._rotate(grad_q, positions, inverse=True)
+            grad_k = self._rotate(grad_k, positions, inverse=True)
         grad_x = self.q_proj.backward(_merge_heads(grad_q))  # (B, T_q, d)
         grad_source = self.k_proj.backward(_merge_heads(grad_k))  # (B, T_k, d)
         grad_source += self.v_proj.backward(_merge_heads(grad_v))
@@ -407,7 +486,9 @@ def multi_head_attention_loop(
 
     Each head slices its own columns out of the projections and calls
     :func:`~tinyformer.attention.scaled_dot_product_attention`; the outputs are
-    concatenated and projected. It ignores dropout (use evaluation mode).
+    concatenated and projected. With grouped-query attention, query head ``i``
+    takes the key and value columns of head ``i // layer.group``. It ignores
+    dropout (use evaluation mode).
     """
     if not isinstance(layer, MultiHeadAttention):
         raise TypeError(f"layer must be a MultiHeadAttention, got {type(layer).__name__}")
@@ -421,12 +502,14 @@ def multi_head_attention_loop(
     heads = []
     for i in range(layer.n_heads):
         cols = slice(i * d_k, (i + 1) * d_k)
+        j = i // layer.group  # the key/value head this query head reads
+        kv_cols = slice(j * d_k, (j + 1) * d_k)
         q = project(layer.q_proj, x, cols)  # (B, T_q, d_k)
-        k = project(layer.k_proj, source, cols)  # (B, T_k, d_k)
-        v = project(layer.v_proj, source, cols)
+        k = project(layer.k_proj, source, kv_cols)  # (B, T_k, d_k)
+        v = project(layer.v_proj, source, kv_cols)
         if layer.rotary:
-            q = apply_rotary(q, base=layer.rotary_base)
-            k = apply_rotary(k, base=layer.rotary_base)
+            q = apply_rotary(q, base=layer.rotary_base, layout=layer.rotary_layout)
+            k = apply_rotary(k, base=layer.rotary_base, layout=layer.rotary_layout)
         head, _ = scaled_dot_product_attention(q, k, v, mask, scale=layer.scale)  # (B, T_q, d_k)
         heads.append(head)
     return project(layer.out_proj, np.concatenate(heads, axis=-1), slice(None))

@@ -166,6 +166,12 @@ def tensor_parallel_attention(
             f"attention must be a MultiHeadAttention without rotary positions,"
             f" got {describe(attention)}"
         )
+    if attention.n_kv_heads != attention.n_heads:
+        raise ValueError(
+            "attention must have one key/value head per query head (this split gives each"
+            f" device whole heads), got n_kv_heads={attention.n_kv_heads} for"
+            f" n_heads={attention.n_heads}"
+        )
     h, d_k = attention.n_heads, attention.d_k
     n = _devices(n_devices, h, "n_heads")
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)

@@ -24,11 +24,13 @@ from tinyformer._validation import (
 from tinyformer.module import Module, Parameter
 
 __all__ = [
+    "ROTARY_LAYOUTS",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "apply_rotary",
     "binary_encoding",
+    "convert_rotary_layout",
     "distance_to_seen",
     "fit_shift_matrix",
     "halves_permutation",
@@ -39,7 +41,9 @@ __all__ = [
 ]
 
 _MAX_BITS = 62  # positions are int64: 2**62 leaves room for the shifts below
-_LAYOUTS = ("adjacent", "halves")
+ROTARY_LAYOUTS = ("adjacent", "halves")
+"""The RoPE pair layouts: ``"adjacent"`` pairs features :math:`(2i, 2i+1)`, ``"halves"`` :math:`(i, i+d/2)`."""
+_LAYOUTS = ROTARY_LAYOUTS
 
 
 def _even_size(d_model: object, name: str = "d_model") -> int:
@@ -407,8 +411,79 @@ def halves_permutation(d_k: int) -> np.ndarray:
     return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
 
 
+def convert_rotary_layout(
+    weight: np.ndarray, n_heads: int, *, source: str, target: str, axis: int = -1
+) -> np.ndarray:
+    r"""Reorder query or key projection weights trained with one RoPE layout for the other.
+
+    A model whose attention rotates pairs :math:`(i, i + d_k/2)` (``"halves"``,
+    Hugging Face's LLaMA, Mistral and GPT-NeoX code) computes the same scores as one
+    that rotates pairs :math:`(2i, 2i+1)` (``"adjacent"``, tinyformer's default, the
+    RoFormer paper and Meta's original LLaMA code) once the output features of
+    :math:`W_Q` and :math:`W_K` are reordered within each head: both models then
+    rotate the same two numbers by the same angle, and a score is a dot product,
+    which does not see the order of the features. The direction matters:
+
+    - ``source="halves", target="adjacent"``: feature :math:`i` of a head moves to
+      slot :math:`2i` and feature :math:`i + d_k/2` to slot :math:`2i+1`
+      (``new[2i] = old[i]``, ``new[2i+1] = old[i + d_k/2]``);
+    - ``source="adjacent", target="halves"``: the inverse, ``new = old[perm]`` with
+      ``perm =`` :func:`halves_permutation` ``(d_k)``.
+
+    Values, the output projection and the rest of the model are not touched.
+
+    Parameters
+    ----------
+    weight : numpy.ndarray
+        The query or key weights (or biases) with the heads' features along
+        ``axis``: ``(d_model, n_heads d_k)`` for tinyformer's ``Linear`` (``axis=-1``,
+        the default), ``(n_heads d_k, d_model)`` for a PyTorch ``nn.Linear``
+        (``axis=0``), ``(n_heads d_k,)`` for a bias.
+    n_heads : int
+        Number of heads along ``axis`` (for keys with grouped-query attention, the
+        number of key/value heads).
+    source, target : str
+        The layouts, each ``"adjacent"`` or ``"halves"``; equal layouts give a copy.
+    axis : int
+        The axis of the heads' features.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new array of the shape and dtype of ``weight``.
+    """
+    w = float_array(weight, "weight", min_ndim=1)
+    n_heads = positive_int(n_heads, "n_heads")
+    for name, layout in (("source", source), ("target", target)):
+        if layout not in ROTARY_LAYOUTS:
+            raise ValueError(f"{name} must be one of {ROTARY_LAYOUTS}, got {layout!r}")
+    axis = _integer(axis, "axis")
+    if not -w.ndim <= axis < w.ndim:
+        raise ValueError(f"axis must index one of the {w.ndim} axes of weight, got {axis}")
+    width = w.shape[axis]
+    if width % n_heads:
+        raise ValueError(
+            f"weight's axis {axis} ({width} features) must split into n_heads={n_heads} heads"
+        )
+    d_k = width // n_heads
+    perm = halves_permutation(d_k)  # (d_k,): adjacent order -> halves order
+    if source == target:
+        within = np.arange(d_k)
+    elif source == "adjacent":
+        within = perm
+    else:  # halves -> adjacent: the inverse permutation
+        within = np.argsort(perm)
+    order = (np.arange(n_heads)[:, None] * d_k + within).reshape(-1)  # (n_heads d_k,)
+    return np.take(w, order, axis=axis)
+
+
 class RotaryEmbedding(Module):
     """RoPE as a layer: rotates its input in ``forward``, rotates back in ``backward``.
+
+    It rotates pairs of features in either layout (``layout``); the attention layers
+    (:class:`~tinyformer.multihead.MultiHeadAttention`) use ``"adjacent"`` unless
+    configured otherwise, and :func:`convert_rotary_layout` moves trained query and
+    key weights from one layout to the other.
 
     Parameters
     ----------

@@ -29,6 +29,7 @@ from tinyformer.blocks import Residual, TransformerBlock
 from tinyformer.feedforward import FeedForward
 from tinyformer.gradcheck import check_module_gradients, check_parameter_gradients
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
+from tinyformer.lora import LoRALinear
 from tinyformer.losses import cross_entropy
 from tinyformer.masks import causal_mask, padding_mask
 from tinyformer.models import (
@@ -41,6 +42,7 @@ from tinyformer.models import (
     TransformerStack,
 )
 from tinyformer.module import Module
+from tinyformer.moe import MixtureOfExperts
 from tinyformer.multihead import MultiHeadAttention
 from tinyformer.norm import BatchNorm, LayerNorm, RMSNorm
 from tinyformer.positional import (
@@ -283,6 +285,49 @@ def _attention(rng):
             ("x",),
             kwargs={"mask": causal},
         ),
+        GradientCheck(
+            "MultiHeadAttention (one key/value head, causal)",
+            _jitter(MultiHeadAttention(D, HEADS, rng=rng, n_kv_heads=1, rotary=True), rng),
+            (x,),
+            ("x",),
+            kwargs={"mask": causal},
+            note="grouped-query attention: the key and value heads are shared by every query head",
+        ),
+    ]
+
+
+def _lora(rng):
+    layer = LoRALinear(_jitter(Linear(3, 5, rng=rng), rng), 2, alpha=4.0, rng=rng)
+    layer.lora_B.value += rng.standard_normal(layer.lora_B.shape)  # zero B would hide A's gradient
+    return [
+        GradientCheck(
+            "LoRALinear",
+            layer,
+            (_x(rng, B, T, 3),),
+            ("x",),
+            note="the base weight and bias are frozen: only the adapters are parameters here",
+        )
+    ]
+
+
+def _mixture_of_experts(rng):
+    layer = _jitter(
+        MixtureOfExperts(D, D_FF, 4, top_k=2, rng=rng, activation="silu", bias=True), rng
+    )
+    x = _x(rng, B, T, D)
+    logits = np.sort(x.reshape(-1, D) @ layer.router.weight.value, axis=-1)  # (tokens, experts)
+    # a finite-difference step must not change which experts are chosen: a wide gap between
+    # the second and third router logit of every token keeps the choice fixed
+    if (logits[:, -2] - logits[:, -3]).min() < 1e-2:
+        raise ValueError("the drawn router has a near tie: choose inputs with a wider gap")
+    return [
+        GradientCheck(
+            "MixtureOfExperts (top 2 of 4, gated)",
+            layer,
+            (x,),
+            ("x",),
+            note="the choice of experts is piecewise constant: checked away from ties",
+        )
     ]
 
 
@@ -479,6 +524,8 @@ RECIPES: dict[type[Module], Callable[[np.random.Generator], list[GradientCheck]]
     FeedForward: _feed_forward,
     QuantizedLinear: _quantized,
     MultiHeadAttention: _attention,
+    LoRALinear: _lora,
+    MixtureOfExperts: _mixture_of_experts,
     TransformerBlock: _block,
     Residual: _residual,
     TransformerStack: _stack,

@@ -24,6 +24,8 @@ OPTIONS = [
     {"activation": "gelu_tanh", "positional": "sinusoidal"},
     {"dropout": 0.2, "tie_output": False},
     {"dtype": "float32", "activation": "silu"},
+    {"n_kv_heads": 2, "activation": "relu"},
+    {"n_kv_heads": 1, "dropout": 0.2},
 ]
 
 

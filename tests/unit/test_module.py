@@ -10,6 +10,7 @@ import pytest
 from tinyformer import cost
 from tinyformer.blocks import TransformerBlock
 from tinyformer.feedforward import ACTIVATIONS, FeedForward
+from tinyformer.gradcheck import check_module_gradients, check_parameter_gradients
 from tinyformer.layers import Dropout, Embedding, Linear, TiedOutputProjection
 from tinyformer.masks import causal_mask
 from tinyformer.module import Module, Parameter, grad_enabled, no_grad
@@ -296,3 +297,25 @@ def test_dropout_in_training_mode_still_drops_under_no_grad():
     with no_grad():
         out = layer.forward(np.ones((50, 50)))
     assert set(np.unique(out)) == {0.0, 2.0}  # no_grad skips saved state, not the mode
+
+
+def test_parameters_require_a_gradient_unless_frozen_and_the_flag_is_checked():
+    assert Parameter(np.zeros(2)).requires_grad is True
+    assert Parameter(np.zeros(2), requires_grad=False).requires_grad is False
+    with pytest.raises(TypeError, match="requires_grad must be True or False, got"):
+        Parameter(np.zeros(2), requires_grad=1)
+
+
+def test_gradient_checks_leave_frozen_parameters_out():
+    rng = np.random.default_rng(0)
+    layer = Linear(3, 2, rng=rng)
+    x = rng.standard_normal((2, 3))
+    assert set(check_module_gradients(layer, [x], rng=rng)) == {"input 0", "weight", "bias"}
+    layer.weight.requires_grad = False  # its gradient is still computed here, but not checked
+    assert set(check_module_gradients(layer, [x], rng=rng)) == {"input 0", "bias"}
+    upstream = rng.standard_normal((2, 2))
+
+    def run():
+        return layer.forward(x) * upstream, upstream
+
+    assert set(check_parameter_gradients(layer, run)) == {"bias"}

@@ -584,6 +584,60 @@ def test_forward_and_backward_agree_with_torch(rng, cross, masked, torch):
     close(layer.out_proj.bias.grad, out_b.grad)
 
 
+@pytest.mark.reference
+@pytest.mark.parametrize(("n_heads", "n_kv_heads"), [(4, 4), (4, 2), (8, 2), (4, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grouped_query_attention_agrees_with_torch_enable_gqa(
+    rng, n_heads, n_kv_heads, dtype, torch
+):
+    """Grouped-query attention against ``scaled_dot_product_attention(..., enable_gqa=True)``.
+
+    PyTorch shares key/value head ``j`` with query heads ``j g .. j g + g - 1``, as we do;
+    forward and every gradient (inputs and the four projections' weights and biases) agree.
+    """
+    d_k, b, t = 3, 2, 6
+    d = n_heads * d_k
+    layer = MultiHeadAttention(d, n_heads, n_kv_heads=n_kv_heads, rng=rng, dtype=dtype)
+    for p in layer.parameters():
+        p.value[...] = rng.standard_normal(p.shape) * 0.5
+    x = rng.standard_normal((b, t, d)).astype(dtype)
+    mask = causal_mask(t) & (rng.random((b, t, t)) < 0.7)
+    mask[..., 0] = True  # PyTorch turns a query with no key into NaN; we give zeros
+    leaves = {
+        name: torch.tensor(p.value.copy(), requires_grad=True)
+        for name, p in layer.named_parameters()
+    }
+    xt = torch.tensor(x, requires_grad=True)
+
+    def heads(name, n):  # (B, n, T, d_k), from our (in, out) weights
+        y = xt @ leaves[f"{name}.weight"] + leaves[f"{name}.bias"]
+        return y.reshape(b, t, n, d_k).transpose(1, 2)
+
+    out_t = torch.nn.functional.scaled_dot_product_attention(
+        heads("q_proj", n_heads),
+        heads("k_proj", n_kv_heads),
+        heads("v_proj", n_kv_heads),
+        attn_mask=torch.tensor(mask[:, None]),  # True = takes part, as ours; (B, 1, T, T)
+        enable_gqa=True,
+    )
+    out_t = out_t.transpose(1, 2).reshape(b, t, d) @ leaves["out_proj.weight"]
+    out_t = out_t + leaves["out_proj.bias"]
+    g = rng.standard_normal(out_t.shape).astype(dtype)
+    out_t.backward(torch.tensor(g))
+    tolerance = (
+        {"rtol": 2e-5, "atol": 2e-5} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    )
+
+    def close(ours, theirs):
+        assert ours.dtype == dtype
+        np.testing.assert_allclose(ours, theirs.detach().numpy(), **tolerance)
+
+    close(layer.forward(x, mask=mask), out_t)
+    close(layer.backward(g), xt.grad)
+    for name, p in layer.named_parameters():
+        close(p.grad, leaves[name].grad)
+
+
 # ----------------------------------------------------------------- bad input
 def _x(*shape, dtype=np.float64):
     return np.ones(shape, dtype=dtype)

@@ -93,6 +93,9 @@ def test_bad_inputs():
     attention = MultiHeadAttention(8, 2, rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match="n_heads=2"):
         tensor_parallel_attention(attention, np.zeros((1, 2, 8)), 4)
+    grouped = MultiHeadAttention(8, 4, rng=np.random.default_rng(0), n_kv_heads=2)
+    with pytest.raises(ValueError, match="n_kv_heads=2 for n_heads=4"):
+        tensor_parallel_attention(grouped, np.zeros((1, 2, 8)), 2)
     with pytest.raises(ValueError, match="n_stages"):
         gpipe_schedule(0, 4)
     with pytest.raises(ValueError, match="parts"):

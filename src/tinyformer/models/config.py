@@ -43,7 +43,9 @@ from tinyformer._validation import (
     probability,
 )
 from tinyformer.feedforward import ACTIVATIONS, FEED_FORWARDS
+from tinyformer.multihead import kv_heads as _kv_heads
 from tinyformer.norm import NORMS
+from tinyformer.positional import ROTARY_LAYOUTS
 
 __all__ = [
     "ATTENTION_SCALES",
@@ -209,11 +211,25 @@ class TransformerConfig(_Serializable):
         ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
     bias : bool
         Biases in the attention projections and the feed-forward layers.
+    n_kv_heads : int or None
+        Key/value heads of every attention layer: ``None`` (the default) means
+        ``n_heads`` (multi-head attention); fewer, dividing ``n_heads``, is
+        grouped-query attention, each key/value head shared by
+        ``n_heads // n_kv_heads`` query heads; ``1`` is multi-query attention
+        (see :class:`~tinyformer.multihead.MultiHeadAttention`).
     positional : str
         ``"learned"``, ``"sinusoidal"`` (even ``d_model``), ``"rotary"`` (even
         head size; rotates the queries and keys of every self-attention, adds
         nothing to the embeddings; cross-attention gets no positions) or
         ``"none"`` (no position information at all: an ablation).
+    rotary_base : float
+        The base of the rotary frequencies :math:`\text{base}^{-2i/d_k}` (used
+        with ``positional="rotary"``): 10,000 in RoFormer, Llama 2 and Mistral 7B.
+    rotary_layout : str
+        Which features a rotary position rotates together: ``"adjacent"``
+        (:math:`(2i, 2i+1)`, the default) or ``"halves"`` (:math:`(i, i + d_k/2)`,
+        Hugging Face's layout); :func:`~tinyformer.positional.convert_rotary_layout`
+        converts trained weights between them.
     attention_scale : str
         ``"sqrt"``: every attention layer multiplies its scores by :math:`1/\sqrt{d_k}`;
         ``"none"``: by 1 (an ablation).
@@ -237,7 +253,10 @@ class TransformerConfig(_Serializable):
     feed_forward: str = "plain"
     activation: str = "gelu"
     bias: bool = True
+    n_kv_heads: int | None = None
     positional: str = "learned"
+    rotary_base: float = 10000.0
+    rotary_layout: str = "adjacent"
     attention_scale: str = "sqrt"
     tie_output: bool = True
     scale_embeddings: bool = False
@@ -252,6 +271,10 @@ class TransformerConfig(_Serializable):
             _set(self, name, positive_int(getattr(self, name), name))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if self.n_kv_heads is not None:
+            _set(self, "n_kv_heads", _kv_heads(self.n_kv_heads, self.n_heads))
+        _set(self, "rotary_base", positive_float(self.rotary_base, "rotary_base"))
+        one_of(self.rotary_layout, ROTARY_LAYOUTS, "rotary_layout")
         for name in ("norm_first", "bias", "tie_output", "scale_embeddings"):
             _check_flag(self, name)
         _set(self, "dropout", probability(self.dropout, "dropout"))
@@ -288,6 +311,11 @@ class TransformerConfig(_Serializable):
     def d_k(self) -> int:
         """The size of each head's queries, keys and values, ``d_model // n_heads``."""
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """The number of key/value heads in use: ``n_kv_heads``, or ``n_heads`` when it is None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
     def score_scale(self) -> float | None:

@@ -6,7 +6,9 @@ With :math:`d` the width, :math:`d_\text{ff}` the feed-forward width and
 - an embedding table: :math:`V d`;
 - a learned position table: :math:`T_\text{max} d` (sinusoidal and rotary: 0);
 - one attention sub-layer (four :math:`d \times d` projections with biases):
-  :math:`4(d^2 + d)`, or :math:`4d^2` without biases;
+  :math:`4(d^2 + d)`, or :math:`4d^2` without biases; with grouped-query attention
+  the key and value projections are :math:`d \times d_{kv}`, :math:`d_{kv} = h_{kv} d_k`,
+  so :math:`2d^2 + 2d\,d_{kv}` (plus :math:`2d + 2d_{kv}` of biases);
 - one feed-forward sub-layer: :math:`2 d\,d_\text{ff} + d_\text{ff} + d`
   (:math:`2 d\,d_\text{ff}` without biases; gated: :math:`3 d\,d_\text{ff}`, see
   :func:`gated_feed_forward_parameters`);
@@ -18,11 +20,18 @@ with cross-attention two attentions + feed-forward + 3 norms, a
 decoder-only block one attention + feed-forward + 2 norms; an encoder-only
 model (:mod:`tinyformer.models.encoder_only`) is counted like a decoder-only one. Pre-norm
 models add a final norm after each stack.
+
+The presets reproduce published models: GPT-2's four sizes (:func:`gpt2_config`), the
+original Transformer (:func:`transformer_config`), BERT (:func:`bert_config`), Llama 2 7B
+and 70B (:func:`llama2_config`) and Mistral 7B (:func:`mistral_7b_config`); the last three
+with :func:`kv_cache_bytes_per_token`, what a decoding server keeps per token of context.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from tinyformer._validation import describe, positive_int
 from tinyformer.models.config import DecoderOnlyConfig, EncoderDecoderConfig, EncoderOnlyConfig
@@ -38,6 +47,10 @@ __all__ = [
     "gated_d_ff",
     "gated_feed_forward_parameters",
     "gpt2_config",
+    "kv_cache_bytes_per_token",
+    "llama2_config",
+    "mistral_7b_config",
+    "modern_sizes",
     "norm_parameters",
     "parameter_count",
     "parameter_terms",
@@ -46,9 +59,24 @@ __all__ = [
 ]
 
 
-def attention_parameters(d_model: int, *, bias: bool = True) -> int:
-    """Query, key, value and output projections: :math:`4d^2`, plus :math:`4d` of biases."""
-    return 4 * d_model * d_model + (4 * d_model if bias else 0)
+def attention_parameters(
+    d_model: int, *, bias: bool = True, n_heads: int | None = None, n_kv_heads: int | None = None
+) -> int:
+    r"""Query, key, value and output projections: :math:`4d^2`, plus :math:`4d` of biases.
+
+    With ``n_kv_heads`` (and ``n_heads``, which it divides) the key and value
+    projections make :math:`d_{kv} = h_{kv}\, d / h` features each (grouped-query
+    attention): :math:`2d^2 + 2 d\,d_{kv}`, plus :math:`2d + 2d_{kv}` of biases.
+    """
+    if n_kv_heads is None:
+        return 4 * d_model * d_model + (4 * d_model if bias else 0)
+    if n_heads is None:
+        raise ValueError(
+            "n_heads is needed with n_kv_heads (d_kv = n_kv_heads * d_model / n_heads)"
+        )
+    d_kv = positive_int(n_kv_heads, "n_kv_heads") * (d_model // positive_int(n_heads, "n_heads"))
+    weights = 2 * d_model * d_model + 2 * d_model * d_kv
+    return weights + ((2 * d_model + 2 * d_kv) if bias else 0)
 
 
 def feed_forward_parameters(d_model: int, d_ff: int, *, bias: bool = True) -> int:
@@ -85,14 +113,18 @@ def gated_d_ff(d_model: int, *, expansion: int = 4, multiple_of: int = 1) -> int
     return multiple_of * -(-width // multiple_of)  # round up to a multiple
 
 
-def block_forward_flops(d_model: int, d_ff: int, seq_len: int) -> dict[str, int]:
+def block_forward_flops(
+    d_model: int, d_ff: int, seq_len: int, *, d_kv: int | None = None
+) -> dict[str, int]:
     r"""Floating-point operations of one block's forward pass over one sequence of ``seq_len``.
 
     A multiply-add counts as two operations; biases, softmax, normalization and the
     activation are left out (they are linear in :math:`T` and small). With
     :math:`T` = ``seq_len``:
 
-    - ``"attention projections"``: four :math:`d \times d` products, :math:`8 T d^2`;
+    - ``"attention projections"``: four :math:`d \times d` products, :math:`8 T d^2`
+      (with grouped-query attention, keys and values of width ``d_kv``
+      :math:`= h_{kv} d_k`: :math:`4 T d^2 + 4 T d\,d_{kv}`);
     - ``"attention scores and mixing"``: :math:`Q K^\top` and the weighted sum of the
       values, :math:`4 T^2 d` (without the saving a causal mask allows);
     - ``"feed-forward"``: two products with :math:`d \times d_\text{ff}` matrices,
@@ -101,8 +133,11 @@ def block_forward_flops(d_model: int, d_ff: int, seq_len: int) -> dict[str, int]
     d = positive_int(d_model, "d_model")
     d_ff = positive_int(d_ff, "d_ff")
     t = positive_int(seq_len, "seq_len")
+    projections = (
+        8 * t * d * d if d_kv is None else 4 * t * d * d + 4 * t * d * positive_int(d_kv, "d_kv")
+    )
     return {
-        "attention projections": 8 * t * d * d,
+        "attention projections": projections,
         "attention scores and mixing": 4 * t * t * d,
         "feed-forward": 4 * t * d * d_ff,
     }
@@ -119,7 +154,7 @@ def _block_parts(c: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig
         gated_feed_forward_parameters if c.feed_forward == "gated" else feed_forward_parameters
     )
     return (
-        attention_parameters(c.d_model, bias=c.bias),
+        attention_parameters(c.d_model, bias=c.bias, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads),
         feed_forward(c.d_model, c.d_ff, bias=c.bias),
         norm_parameters(c.d_model, c.norm),
     )
@@ -190,8 +225,9 @@ def gpt2_config(d_model: int, n_layers: int, n_heads: int) -> DecoderOnlyConfig:
     r"""GPT-2's architecture at one size :cite:p:`radford2019language`.
 
     50,257-token vocabulary, 1,024 learned positions, pre-norm blocks with a
-    final LayerNorm, GELU, :math:`d_\text{ff} = 4d`, biases everywhere and the
-    output tied to the token embedding.
+    final LayerNorm, GELU in its tanh approximation (as in the released code, so
+    a model loaded from GPT-2's weights computes their logits), :math:`d_\text{ff} = 4d`,
+    biases everywhere and the output tied to the token embedding.
     """
     return DecoderOnlyConfig(
         vocab_size=50257,
@@ -201,10 +237,96 @@ def gpt2_config(d_model: int, n_layers: int, n_heads: int) -> DecoderOnlyConfig:
         n_layers=n_layers,
         context_length=1024,
         norm_first=True,
-        activation="gelu",
+        activation="gelu_tanh",
         positional="learned",
         tie_output=True,
     )
+
+
+def _llama_layout(**sizes: int) -> DecoderOnlyConfig:
+    """Pre-norm RMSNorm blocks, SwiGLU, no biases, rotary positions, an untied output."""
+    return DecoderOnlyConfig(
+        norm_first=True,
+        norm="rmsnorm",
+        norm_eps=1e-5,
+        feed_forward="gated",
+        activation="silu",
+        bias=False,
+        positional="rotary",
+        rotary_base=10000.0,
+        tie_output=False,
+        **sizes,
+    )
+
+
+def llama2_config(size: str) -> DecoderOnlyConfig:
+    r"""Llama 2's architecture :cite:p:`touvron2023llama2`, ``size`` ``"7b"`` or ``"70b"``.
+
+    A 32,000-token vocabulary, 4,096 positions, pre-norm RMSNorm blocks
+    (:math:`\epsilon = 10^{-5}`), SwiGLU feed-forward networks, rotary positions
+    (base 10,000), no biases and an untied output projection. 7B: :math:`d = 4096`,
+    32 layers of 32 heads, :math:`d_	ext{ff} = 11008`. 70B: :math:`d = 8192`, 80
+    layers of 64 query heads sharing 8 key/value heads (grouped-query attention),
+    :math:`d_	ext{ff} = 28672`. The released weights use the adjacent rotary layout
+    (Meta's code); Hugging Face's copies are converted to the halves layout
+    (see :func:`~tinyformer.positional.convert_rotary_layout`). Too large to build here:
+    count it with :func:`parameter_count`.
+    """
+    sizes = {
+        "7b": {"d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": None, "d_ff": 11008},
+        "70b": {"d_model": 8192, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8, "d_ff": 28672},
+    }
+    if size not in sizes:
+        raise ValueError(f"size must be one of {sorted(sizes)}, got {size!r}")
+    return _llama_layout(vocab_size=32000, context_length=4096, **sizes[size])
+
+
+def mistral_7b_config() -> DecoderOnlyConfig:
+    r"""Mistral 7B's architecture :cite:p:`jiang2023mistral`.
+
+    Llama's layout (:func:`llama2_config`) with :math:`d = 4096`, 32 layers of 32
+    query heads sharing 8 key/value heads, :math:`d_	ext{ff} = 14336`, a
+    32,000-token vocabulary and a context of 32,768 positions. Its sliding-window
+    attention (each layer sees the last 4,096 positions) adds no parameters and is
+    not modelled here.
+    """
+    return _llama_layout(
+        vocab_size=32000,
+        context_length=32768,
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=14336,
+    )
+
+
+def kv_cache_bytes_per_token(
+    config: DecoderOnlyConfig, bytes_per_element: int | None = None
+) -> int:
+    r"""Bytes of key/value cache a decoder-only model keeps for each token of context.
+
+    .. math:: 2\, L\, h_{kv}\, d_k \cdot 	ext{bytes per element}
+
+    (a key and a value of :math:`h_{kv} d_k` numbers in each of :math:`L` layers).
+    Grouped-query attention divides it by :math:`h / h_{kv}`, multi-query attention by :math:`h`.
+
+    Parameters
+    ----------
+    config : DecoderOnlyConfig
+        The model.
+    bytes_per_element : int, optional
+        The cache's number format: 2 for float16 or bfloat16 (how the published models
+        are served); by default the item size of ``config.dtype``.
+    """
+    if not isinstance(config, DecoderOnlyConfig):
+        raise TypeError(f"config must be a DecoderOnlyConfig, got {describe(config)}")
+    size = (
+        np.dtype(config.dtype).itemsize
+        if bytes_per_element is None
+        else positive_int(bytes_per_element, "bytes_per_element")
+    )
+    return 2 * config.n_layers * config.kv_heads * config.d_k * size
 
 
 def transformer_config(d_model: int, n_heads: int, d_ff: int) -> EncoderDecoderConfig:
@@ -279,6 +401,21 @@ def published_sizes() -> list[PublishedSize]:
         PublishedSize("GPT-2 XL", gpt2_config(1600, 48, 25), 1_542_000_000, 1_557_611_200),
         PublishedSize("Transformer base", transformer_config(512, 8, 2048), 65_000_000),
         PublishedSize("Transformer big", transformer_config(1024, 16, 4096), 213_000_000),
+    ]
+
+
+def modern_sizes() -> list[PublishedSize]:
+    """Llama 2 7B and 70B and Mistral 7B, with the sizes their papers name and release holds.
+
+    :cite:t:`touvron2023llama2` name the models 7B and 70B; :cite:t:`jiang2023mistral`,
+    7B. The released checkpoints hold exactly 6,738,415,616, 68,976,648,192 and
+    7,241,732,096 parameters (the sums of the tensors in the published weights),
+    which :func:`parameter_count` reproduces.
+    """
+    return [
+        PublishedSize("Llama 2 7B", llama2_config("7b"), 7_000_000_000, 6_738_415_616),
+        PublishedSize("Llama 2 70B", llama2_config("70b"), 70_000_000_000, 68_976_648_192),
+        PublishedSize("Mistral 7B", mistral_7b_config(), 7_000_000_000, 7_241_732_096),
     ]
 
 

@@ -88,7 +88,10 @@ class TransformerStack(Module):
                 activation=c.activation,
                 bias=c.bias,
                 rotary=c.positional == "rotary",
+                rotary_base=c.rotary_base,
+                rotary_layout=c.rotary_layout,
                 scale=c.score_scale,
+                n_kv_heads=c.n_kv_heads,
                 dtype=dtype,
             )
             for _ in range(n_layers)

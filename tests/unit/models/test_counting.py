@@ -1,7 +1,9 @@
 """The closed-form parameter count: equal to the built model's for every option, and to
-the published sizes of GPT-2, the original Transformer and BERT."""
+the published sizes of GPT-2, the original Transformer, BERT, Llama 2 and Mistral 7B."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from tinyformer.models import (
     published_sizes,
 )
 from tinyformer.models.counting import (
+    attention_parameters,
     bert_extra_terms,
     bert_sizes,
     block_forward_flops,
@@ -27,12 +30,14 @@ from tinyformer.models.counting import (
     gated_d_ff,
     gated_feed_forward_parameters,
     gpt2_config,
+    kv_cache_bytes_per_token,
+    llama2_config,
+    mistral_7b_config,
+    modern_sizes,
     transformer_config,
 )
 from tinyformer.models.encoder_only import EncoderOnlyConfig, EncoderOnlyMLM
-
-"""Options that ``parameter_terms`` ignores (it counts LayerNorms, plain feed-forward networks
-and biases whatever the configuration says): a bug in src/tinyformer/models/counting.py."""
+from tinyformer.multihead import MultiHeadAttention
 
 
 @st.composite
@@ -301,3 +306,134 @@ def test_bert_extra_terms_by_hand():
         bert_extra_terms(0)
     with pytest.raises(TypeError, match="vocab_size"):
         bert_extra_terms(4, 2.5)
+
+
+# ------------------------------------------------ grouped-query attention and modern presets
+COMBINATIONS = list(
+    itertools.product(
+        ["layernorm", "rmsnorm"],  # norm
+        ["plain", "gated"],  # feed-forward
+        [True, False],  # bias
+        ["learned", "sinusoidal", "rotary", "none"],  # positions
+        [True, False],  # tied output
+        [True, False],  # pre-norm
+        [None, 2, 1],  # key/value heads (of 4)
+    )
+)
+
+
+@pytest.mark.parametrize("family", ["decoder-only", "encoder-only", "encoder-decoder"])
+def test_formula_equals_the_built_model_for_every_combination_of_options(family):
+    """Every combination of the modern decoder's options, grouped-query attention included."""
+    for norm, ffn, bias, positional, tie, norm_first, n_kv_heads in COMBINATIONS:
+        options = {
+            "d_model": 8, "n_heads": 4, "d_ff": 6, "context_length": 5, "norm": norm,
+            "feed_forward": ffn, "activation": "silu", "bias": bias, "positional": positional,
+            "tie_output": tie, "norm_first": norm_first, "n_kv_heads": n_kv_heads,
+        }  # fmt: skip
+        if family == "decoder-only":
+            model = DecoderOnlyLM(
+                DecoderOnlyConfig(7, n_layers=2, **options), rng=np.random.default_rng(0)
+            )
+        elif family == "encoder-only":
+            model = EncoderOnlyMLM(
+                EncoderOnlyConfig(7, n_layers=2, **options), rng=np.random.default_rng(0)
+            )
+        else:
+            config = EncoderDecoderConfig(7, 6, n_encoder_layers=1, n_decoder_layers=2, **options)
+            model = EncoderDecoder(config, rng=np.random.default_rng(0))
+        built = sum(p.value.size for p in model.parameters())
+        assert parameter_count(model.config) == built, (family, options)
+
+
+@given(n_kv_heads=st.sampled_from([1, 2, 3, 6]), d_k=st.integers(1, 4), bias=st.booleans())
+def test_attention_count_with_shared_key_value_heads(n_kv_heads, d_k, bias):
+    layer = MultiHeadAttention(
+        6 * d_k, 6, n_kv_heads=n_kv_heads, bias=bias, rng=np.random.default_rng(0)
+    )
+    count = attention_parameters(6 * d_k, bias=bias, n_heads=6, n_kv_heads=n_kv_heads)
+    assert count == layer.num_parameters()
+    if n_kv_heads == 6:
+        assert count == attention_parameters(6 * d_k, bias=bias)  # plain multi-head
+
+
+def test_attention_count_needs_the_number_of_heads_with_n_kv_heads():
+    with pytest.raises(ValueError, match="n_heads is needed with n_kv_heads"):
+        attention_parameters(8, n_kv_heads=2)
+
+
+@pytest.mark.parametrize(
+    ("name", "released"),
+    [
+        ("Llama 2 7B", 6_738_415_616),
+        ("Llama 2 70B", 68_976_648_192),
+        ("Mistral 7B", 7_241_732_096),
+    ],
+)
+def test_modern_presets_count_the_released_weights_exactly(name, released):
+    rows = {row.name: row for row in modern_sizes()}
+    assert rows[name].released == released
+    assert parameter_count(rows[name].config) == released
+
+
+def test_modern_presets_written_out():
+    """The sums by hand, from the Hugging Face configurations' numbers."""
+    v = 32000
+    for config, d, layers, d_kv, d_ff in (
+        (llama2_config("7b"), 4096, 32, 4096, 11008),
+        (llama2_config("70b"), 8192, 80, 1024, 28672),
+        (mistral_7b_config(), 4096, 32, 1024, 14336),
+    ):
+        block = 2 * d * d + 2 * d * d_kv + 3 * d * d_ff + 2 * d  # attention, SwiGLU, 2 RMSNorms
+        assert (
+            parameter_count(config) == 2 * v * d + layers * block + d
+        )  # + untied output, final norm
+        assert (config.norm, config.feed_forward, config.activation) == (
+            "rmsnorm",
+            "gated",
+            "silu",
+        )
+        assert (config.bias, config.tie_output, config.positional) == (False, False, "rotary")
+        assert config.rotary_base == 10000.0
+        assert config.norm_eps == 1e-5
+    assert llama2_config("70b").n_kv_heads == mistral_7b_config().n_kv_heads == 8
+    assert llama2_config("7b").kv_heads == 32
+    with pytest.raises(ValueError, match="size must be one of"):
+        llama2_config("13b")
+
+
+def test_kv_cache_bytes_per_token_of_the_presets():
+    """2 L h_kv d_k numbers per token, in float16: 512 KiB, 320 KiB and 128 KiB."""
+    assert kv_cache_bytes_per_token(llama2_config("7b"), 2) == 2 * 32 * 32 * 128 * 2 == 524_288
+    assert kv_cache_bytes_per_token(llama2_config("70b"), 2) == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert kv_cache_bytes_per_token(mistral_7b_config(), 2) == 2 * 32 * 8 * 128 * 2 == 131_072
+    with pytest.raises(TypeError, match="config must be a DecoderOnlyConfig"):
+        kv_cache_bytes_per_token(transformer_config(512, 8, 2048))
+    with pytest.raises(ValueError, match="bytes_per_element"):
+        kv_cache_bytes_per_token(llama2_config("7b"), 0)
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_kv_cache_bytes_per_token_is_what_decoding_stores(n_kv_heads, dtype):
+    config = DecoderOnlyConfig(
+        9, d_model=16, n_heads=4, n_kv_heads=n_kv_heads, d_ff=8, n_layers=3,
+        context_length=12, positional="rotary", dtype=dtype,
+    )  # fmt: skip
+    model = DecoderOnlyLM(config, rng=np.random.default_rng(0))
+    state = model.start(1)
+    model.step(np.arange(7)[None] % 9, state)
+    stored = sum(
+        c.self_attention.keys.nbytes + c.self_attention.values.nbytes for c in state.caches
+    )
+    assert stored == 7 * kv_cache_bytes_per_token(config)
+
+
+def test_gpt2_uses_the_tanh_gelu_of_its_released_code():
+    assert gpt2_config(768, 12, 12).activation == "gelu_tanh"
+
+
+def test_block_flops_with_shared_key_value_heads():
+    flops = block_forward_flops(8, 32, 5, d_kv=2)
+    assert flops["attention projections"] == 2 * 5 * (2 * 8 * 8 + 2 * 8 * 2)  # 2 T (weights)
+    assert block_forward_flops(8, 32, 5, d_kv=8) == block_forward_flops(8, 32, 5)

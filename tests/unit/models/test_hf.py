@@ -1,0 +1,175 @@
+"""A Hugging Face ``LlamaForCausalLM``, built from a small config (nothing downloaded), in tinyformer.
+
+Its weights go through :func:`tinyformer.models.hf.from_hf_llama` into a
+``DecoderOnlyLM``; the two models' logits agree, in the adjacent rotary layout
+(weights converted) and in the halves layout (weights as they are).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tinyformer.models import DecoderOnlyLM
+from tinyformer.models.hf import config_from_hf_llama, from_hf_llama, hf_llama_state_dict
+
+
+@pytest.fixture(scope="module")
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+def _llama(torch, transformers, *, n_kv_heads=2, bias=False, tie=False, theta=10000.0):
+    torch.manual_seed(0)
+    hf_config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=32,
+        rms_norm_eps=1e-6,
+        rope_theta=theta,
+        attention_bias=bias,
+        mlp_bias=bias,
+        tie_word_embeddings=tie,
+    )
+    model = transformers.LlamaForCausalLM(hf_config).eval()
+    with torch.no_grad():  # norms and biases away from their initial 1 and 0: every one counts
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", ".bias")):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p) if "norm" in name else torch.randn_like(p))
+    return hf_config, model
+
+
+def _float64_throughout(torch, hf_model, hf_config):
+    """Make a float64 Hugging Face Llama compute in float64 everywhere.
+
+    ``LlamaRMSNorm`` normalizes in float32 and ``LlamaRotaryEmbedding`` computes its cos
+    and sin in float32, even in a float64 model (and the eager attention takes its softmax
+    in float32); that limits the agreement of float64 logits to about 1e-7 of their scale.
+    With these two computed in float64 (and PyTorch's float64 ``scaled_dot_product_attention``),
+    the two models agree to rounding.
+    """
+    d_k = hf_config.hidden_size // hf_config.num_attention_heads
+    theta = hf_config.to_dict().get("rope_parameters", {}).get("rope_theta", 10000.0)
+    inv_freq = 1.0 / theta ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+
+    def angles(x, position_ids):
+        a = position_ids[..., None].to(torch.float64) * inv_freq
+        a = torch.cat((a, a), dim=-1)
+        return a.cos().to(x.dtype), a.sin().to(x.dtype)
+
+    def rms_norm(norm):
+        def forward(h):
+            mean_square = h.pow(2).mean(-1, keepdim=True)
+            return norm.weight * (h * torch.rsqrt(mean_square + norm.variance_epsilon))
+
+        return forward
+
+    hf_model.model.rotary_emb.forward = angles
+    for module in hf_model.modules():
+        if type(module).__name__ == "LlamaRMSNorm":
+            module.forward = rms_norm(module)
+    assert hf_model.config._attn_implementation == "sdpa"
+
+
+def _compare(torch, hf_model, hf_config, dtype, layout):
+    config = config_from_hf_llama(hf_config.to_dict(), dtype=dtype, rotary_layout=layout)
+    torch_dtype = torch.float64 if dtype == "float64" else torch.float32
+    hf_model = hf_model.to(torch_dtype)
+    ours = from_hf_llama(hf_model.state_dict(), config)
+    ids = np.random.default_rng(1).integers(0, 64, (3, 11))
+    with torch.no_grad():
+        theirs = hf_model(torch.tensor(ids)).logits.numpy()
+    logits = ours.forward(ids)
+    assert logits.dtype == np.dtype(dtype)
+    return logits, theirs, ours, ids
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("layout", ["adjacent", "halves"])
+@pytest.mark.parametrize(
+    ("n_kv_heads", "bias", "tie", "theta"),
+    [(2, False, False, 10000.0), (1, True, True, 500.0), (4, False, False, 10000.0)],
+    ids=["grouped", "multi-query-biases-tied", "multi-head"],
+)
+def test_logits_equal_hugging_face_llama(
+    torch, transformers, layout, n_kv_heads, bias, tie, theta
+):
+    hf_config, hf_model = _llama(
+        torch, transformers, n_kv_heads=n_kv_heads, bias=bias, tie=tie, theta=theta
+    )
+    logits32, theirs32, _, _ = _compare(torch, hf_model, hf_config, "float32", layout)
+    assert np.abs(logits32 - theirs32).max() <= 1e-5 * np.abs(theirs32).max()
+    logits, theirs, ours, ids = _compare(torch, hf_model, hf_config, "float64", layout)
+    assert ours.config.kv_heads == n_kv_heads
+    assert ours.config.rotary_base == theta
+    assert (
+        np.abs(logits - theirs).max() <= 1e-6 * np.abs(theirs).max()
+    )  # their float32 norms and angles
+    _float64_throughout(torch, hf_model, hf_config)
+    with torch.no_grad():
+        theirs = hf_model(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(logits, theirs, rtol=1e-10, atol=1e-12)
+    # cached decoding in tinyformer gives the same logits as Hugging Face's full forward
+    state = ours.start(3)
+    steps = [ours.step(ids[:, :5], state)] + [
+        ours.step(ids[:, i : i + 1], state) for i in range(5, 11)
+    ]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), theirs, rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.reference
+def test_unconverted_rotary_layout_would_not_match(torch, transformers):
+    """The conversion is needed: Hugging Face's weights, unconverted, rotated in the adjacent
+    layout give other logits."""
+    hf_config, hf_model = _llama(torch, transformers)
+    halves = config_from_hf_llama(hf_config.to_dict(), rotary_layout="halves")
+    state = hf_model.double().state_dict()
+    _float64_throughout(torch, hf_model, hf_config)
+    wrong = DecoderOnlyLM(
+        dataclasses.replace(halves, rotary_layout="adjacent"), rng=np.random.default_rng(0)
+    )
+    wrong.load_state_dict(hf_llama_state_dict(state, halves))  # halves-layout weights as they are
+    ids = np.arange(12)[None] % 64
+    with torch.no_grad():
+        theirs = hf_model(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(
+        from_hf_llama(state, halves).forward(ids), theirs, rtol=1e-10, atol=1e-11
+    )
+    assert np.abs(wrong.forward(ids) - theirs).max() > 1e-3
+
+
+@pytest.mark.reference
+def test_state_dict_mismatches_are_named(torch, transformers):
+    hf_config, hf_model = _llama(torch, transformers)
+    config = config_from_hf_llama(hf_config.to_dict())
+    state = dict(hf_model.state_dict())
+    del state["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(ValueError, match=r"lacks 'model.layers.1.mlp.up_proj.weight'"):
+        hf_llama_state_dict(state, config)
+    state = {**hf_model.state_dict(), "model.layers.2.self_attn.q_proj.weight": np.zeros((32, 32))}
+    with pytest.raises(ValueError, match="no place for"):
+        hf_llama_state_dict(state, config)
+
+
+def test_config_errors_are_named():
+    base = {
+        "vocab_size": 10, "hidden_size": 8, "intermediate_size": 12, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "max_position_embeddings": 8,
+    }  # fmt: skip
+    assert config_from_hf_llama(base).kv_heads == 2
+    with pytest.raises(ValueError, match="hidden_act must be one of"):
+        config_from_hf_llama({**base, "hidden_act": "tanh"})
+    with pytest.raises(ValueError, match="attention_bias and mlp_bias must agree"):
+        config_from_hf_llama({**base, "attention_bias": True})
+    with pytest.raises(ValueError, match="rotary scaling 'linear' is not supported"):
+        config_from_hf_llama({**base, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    with pytest.raises(TypeError, match="hf_config must be a mapping"):
+        config_from_hf_llama(["vocab_size"])
+    with pytest.raises(TypeError, match="config must be a DecoderOnlyConfig"):
+        hf_llama_state_dict({}, base)
