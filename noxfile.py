@@ -223,11 +223,14 @@ def docs_perturbed(session: nox.Session) -> None:
     last place before training (the store keeps those results apart), and the strict
     build executes every chapter afresh into its own folder (``<build>-perturbed``), so
     no conclusion can rest on a knife edge that a last-bit change would flip. The
-    figures are not redrawn. Not part of CI: run it before calling the book's
+    figures are the published ones: brought up to date first from the unperturbed
+    runs (a fresh clone has none, and the strict build needs every image), never
+    drawn from perturbed runs. Not part of CI: run it before calling the book's
     conclusions true.
     """
     _install_package(session, "docs")
     _kernel_quiet(session)
+    _make_figures(session)  # the published figures, from the unperturbed runs
     build = BUILD.with_name(BUILD.name + "-perturbed")
     claims = build / "claims.jsonl"
     env = {
