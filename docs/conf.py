@@ -48,7 +48,14 @@ extensions = [
     "sphinxcontrib.bibtex",
 ]
 
-exclude_patterns = ["_build", "_ext", "**.ipynb_checkpoints", ".jupyter_cache", "jupyter_execute"]
+exclude_patterns = [
+    "_build",
+    "_build-perturbed",
+    "_ext",
+    "**.ipynb_checkpoints",
+    ".jupyter_cache",
+    "jupyter_execute",
+]
 templates_path = ["_templates"]
 nitpicky = True
 numfig = True
