@@ -156,7 +156,7 @@ class TransformerBlock(Module):
     norm : str
         ``"layernorm"`` or ``"rmsnorm"``; ``norm_eps`` is its :math:`\epsilon`.
     feed_forward : str
-        ``"plain"`` or ``"gated"`` (see :data:`~tinyformer.feedforward.FEED_FORWARDS`).
+        ``"plain"``, ``"gated"`` or ``"moe"`` (see :data:`~tinyformer.feedforward.FEED_FORWARDS`).
     activation : str
         Feed-forward nonlinearity: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
     bias : bool
@@ -173,6 +173,18 @@ class TransformerBlock(Module):
     n_kv_heads : int, optional
         Key/value heads of every attention sub-layer (grouped-query attention);
         ``None`` means ``n_heads``.
+    n_experts : int, optional
+        With ``feed_forward="moe"`` (and only then, where it is required): the
+        number of experts of the :class:`~tinyformer.moe.MixtureOfExperts`, each
+        of width ``d_ff``.
+    experts_per_token : int
+        The experts each token is routed to (``top_k``), at most ``n_experts``.
+    expert_feed_forward : str
+        The kind of each expert, ``"gated"`` or ``"plain"``.
+    expert_capacity_factor : float, optional
+        The experts' capacity factor; ``None`` drops nothing.
+    router_aux_loss_weight : float
+        Weight of the load-balancing loss whose gradient the layer's backward pass adds.
     dtype : float32 or float64
         Dtype of parameters and accepted inputs.
     """
@@ -197,6 +209,11 @@ class TransformerBlock(Module):
         rotary_layout: str = "adjacent",
         scale: float | None = None,
         n_kv_heads: int | None = None,
+        n_experts: int | None = None,
+        experts_per_token: int = 2,
+        expert_feed_forward: str = "gated",
+        expert_capacity_factor: float | None = None,
+        router_aux_loss_weight: float = 0.0,
         dtype: object = np.float64,
     ) -> None:
         super().__init__()
@@ -225,6 +242,20 @@ class TransformerBlock(Module):
             if cross_attention
             else None
         )
+        experts = {}  # the further options of a mixture of experts
+        if feed_forward == "moe":
+            experts = {
+                "n_experts": n_experts,
+                "top_k": experts_per_token,
+                "feed_forward": expert_feed_forward,
+                "capacity_factor": expert_capacity_factor,
+                "aux_loss_weight": router_aux_loss_weight,
+            }
+        elif n_experts is not None:
+            raise ValueError(
+                f"n_experts must be None unless feed_forward='moe', got n_experts={n_experts!r}"
+                f" with feed_forward={feed_forward!r}"
+            )
         ffn = make_feed_forward(
             feed_forward,
             self.d_model,
@@ -234,6 +265,7 @@ class TransformerBlock(Module):
             dropout=dropout,
             bias=bias,
             dtype=dtype,
+            **experts,
         )
         self.feed_forward = residual(ffn)
 
@@ -328,6 +360,10 @@ def trace_block(
         raise TypeError(f"block must be a TransformerBlock, got {describe(block)}")
     if block.cross_attention is not None:
         raise ValueError("block has cross-attention: trace_block follows blocks without it")
+    if not hasattr(block.feed_forward.layer, "linear_in"):
+        raise ValueError(
+            "block has a mixture of experts: trace_block follows a plain or gated feed-forward"
+        )
     if block.training and any(getattr(m, "p", 0) > 0 for m in block.modules()):
         raise ValueError("block has dropout and is in training mode: call block.eval() first")
     steps: list[tuple[str, np.ndarray]] = [("input x", x)]

@@ -14,7 +14,11 @@ A checkpoint is one ``.npz`` file (NumPy's zip of arrays, read back with
   model holds for dropout, found by :func:`model_generators`;
 
 plus a JSON metadata entry with a format name and version and the SHA-256 of
-the array payload. The file is written to a temporary file beside the target
+the array payload. A model with low-rank adapters (:mod:`tinyformer.lora`) is
+saved whole, base weights and adapters, and its metadata records each
+adapter's rank, alpha and merged state: it loads back into a model adapted the
+same way, and is refused, with a message saying what to do, by a model without
+adapters (:func:`~tinyformer.models.loading.load_model` builds those). The file is written to a temporary file beside the target
 and moved into place with ``os.replace``, so a crash leaves either the old
 file or the new one, never half of one.
 
@@ -43,6 +47,7 @@ import numpy as np
 
 from tinyformer._validation import describe, non_negative_int
 from tinyformer.data.tokenizers import Tokenizer, tokenizer_from_dict
+from tinyformer.lora import lora_layers
 from tinyformer.module import Module
 from tinyformer.optim import Optimizer
 
@@ -142,6 +147,37 @@ def _config_dict(model: Module) -> dict[str, Any] | None:
     return json.loads(json.dumps(config.to_dict()))
 
 
+def _lora_settings(model: Module) -> dict[str, dict[str, Any]]:
+    """Each LoRA layer's rank, alpha and merged state by its name; empty without adapters."""
+    return {
+        name: {"rank": layer.rank, "alpha": layer.alpha, "merged": layer.merged}
+        for name, layer in lora_layers(model).items()
+    }
+
+
+def _lora_mismatch(saved: dict[str, Any], model: dict[str, Any]) -> str:
+    """What to tell a user whose model and checkpoint differ in their adapters."""
+    if not model:
+        first = next(iter(saved))
+        return (
+            f"it holds a model with LoRA adapters ({len(saved)} layers, e.g. {first!r} with"
+            f" {saved[first]}) and the model has none (load_model builds models without"
+            " adapters). Adapt the model with apply_lora, with the same targets, rank and"
+            " alpha, and load it with load_checkpoint; or, from the adapted model, save the"
+            " adapters alone with lora_state_dict, or merge them in with remove_lora and"
+            " save an ordinary checkpoint"
+        )
+    if not saved:
+        return (
+            f"the model has LoRA adapters ({len(model)} layers) and the checkpoint has none:"
+            " load it before apply_lora (adapters saved alone load with load_lora_state_dict)"
+        )
+    differ = sorted(k for k in saved.keys() | model.keys() if saved.get(k) != model.get(k))
+    details = "; ".join(f"{k}: saved {saved.get(k)}, model {model.get(k)}" for k in differ[:3])
+    more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+    return f"its LoRA adapters do not match the model's ({details}{more})"
+
+
 def _current_names(saved: dict[str, Any] | None, model: Module) -> dict[str, Any] | None:
     """The saved config with renamed fields under today's names (``max_len`` -> ``context_length``).
 
@@ -231,11 +267,15 @@ def save_checkpoint(
             raise TypeError(f"extra_arrays[{name!r}] must be numeric, got {describe(value)}")
         arrays[f"extra/{name}"] = value
 
+    model_entry: dict[str, Any] = {"class": type(model).__name__, "config": _config_dict(model)}
+    lora = _lora_settings(model)
+    if lora:  # only then: files without adapters stay as they were
+        model_entry["lora"] = lora
     metadata = {
         "format": FORMAT,
         "version": VERSION,
         "sha256": _digest(arrays),
-        "model": {"class": type(model).__name__, "config": _config_dict(model)},
+        "model": model_entry,
         "optimizer": optimizer_scalars,
         "step": step,
         "history": None if history is None else history.to_dict(),
@@ -355,6 +395,9 @@ class Checkpoint:
                 f"{k}: saved {saved_config.get(k)!r}, model {expected.get(k)!r}" for k in differ
             )
             raise self._fail(f"its config does not match the model's ({details})")
+        saved_lora, model_lora = self.metadata["model"].get("lora", {}), _lora_settings(model)
+        if saved_lora != model_lora:
+            raise self._fail(_lora_mismatch(saved_lora, model_lora))
         saved = self.group("model")
         params = dict(model.named_parameters())
         missing, extra = sorted(params.keys() - saved.keys()), sorted(saved.keys() - params.keys())
@@ -564,6 +607,11 @@ def _decode_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
         raise ValueError(
             f"checkpoint {path}: the metadata entry 'model' lacks 'class' or 'config'"
         )
+    lora = metadata["model"].get("lora", {})  # present only for models with adapters
+    if not isinstance(lora, dict) or not all(
+        isinstance(v, dict) and v.keys() == {"rank", "alpha", "merged"} for v in lora.values()
+    ):
+        raise ValueError(f"checkpoint {path}: the metadata entry 'model.lora' is malformed")
     return metadata
 
 

@@ -75,15 +75,31 @@ def forward_flops(config: StackConfig, seq_len: int, batch_size: int = 1) -> dic
     An embedding lookup copies rows and multiplies nothing. Biases, softmax,
     normalization and activations are left out (:math:`O(BTd)` or :math:`O(BhT^2)`
     element-wise work, not products).
+
+    A gated feed-forward network has three :math:`d \times d_\text{ff}` products,
+    :math:`6Td\,d_\text{ff}`. A mixture of :math:`E` experts routing each token to
+    :math:`k` of them costs the router's :math:`2TdE` and :math:`k` experts' products per
+    token, :math:`2TdE + k \cdot 4Td\,d_\text{ff}` (:math:`6Td\,d_\text{ff}` per
+    gated expert): the cost of :math:`k` dense networks, not :math:`E`. With a capacity
+    factor some assignments may be dropped, so this is then an upper bound.
     """
     c = _stack_config(config)
     t, b = positive_int(seq_len, "seq_len"), positive_int(batch_size, "batch_size")
     d_kv = None if c.n_kv_heads is None else c.n_kv_heads * c.d_k  # grouped-query attention
     block = block_forward_flops(c.d_model, c.d_ff, t, d_kv=d_kv)
+    block["feed-forward"] = _feed_forward_flops(c, t)
     terms = {"embeddings": 0}
     terms.update({name: c.n_layers * b * value for name, value in block.items()})
     terms["output layer"] = 2 * b * t * c.d_model * c.vocab_size
     return terms
+
+
+def _feed_forward_flops(c: StackConfig, t: int) -> int:
+    """FLOPs of one block's feed-forward sub-layer over ``t`` tokens (see :func:`forward_flops`)."""
+    if c.feed_forward == "moe":
+        expert = (6 if c.expert_feed_forward == "gated" else 4) * t * c.d_model * c.d_ff
+        return 2 * t * c.d_model * c.n_experts + c.experts_per_token * expert
+    return (6 if c.feed_forward == "gated" else 4) * t * c.d_model * c.d_ff
 
 
 def training_flops(config: StackConfig, seq_len: int, batch_size: int = 1) -> int:
@@ -236,6 +252,12 @@ def block_activation_elements(config: StackConfig, seq_len: int) -> dict[str, in
     output, except with ReLU, whose output is kept anyway).
     """
     c = _stack_config(config)
+    if c.feed_forward == "moe":
+        raise ValueError(
+            "block_activation_elements models a plain or gated feed-forward network, got"
+            " feed_forward='moe' (what a mixture of experts keeps depends on the routing:"
+            " measure it with saved_bytes)"
+        )
     t, d, h, d_ff = positive_int(seq_len, "seq_len"), c.d_model, c.n_heads, c.d_ff
     k = 1 if c.activation == "relu" else 2
     qkv = 5 * t * d if c.n_kv_heads is None else 3 * t * d + 2 * t * c.n_kv_heads * c.d_k

@@ -17,7 +17,7 @@ from tinyformer._validation import float_dtype, generator, layer_input, one_of, 
 from tinyformer.layers import Dropout, Linear
 from tinyformer.module import Module, grad_enabled
 
-__all__ = ["ACTIVATIONS", "FEED_FORWARDS", "FeedForward", "make_feed_forward"]
+__all__ = ["ACTIVATIONS", "FEED_FORWARDS", "MOE_OPTIONS", "FeedForward", "make_feed_forward"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 """Names accepted by ``activation=``: ReLU, exact GELU, tanh-approximated GELU, SiLU."""
@@ -144,13 +144,24 @@ def _gated(d_model: int, d_ff: int, **options: object) -> FeedForward:
     return FeedForward(d_model, d_ff, gated=True, **options)  # type: ignore[arg-type]
 
 
-FEED_FORWARDS: dict[str, Callable[..., Module]] = {"plain": _plain, "gated": _gated}
+def _moe(d_model: int, d_ff: int, **options: object) -> Module:
+    # imported here: tinyformer.moe builds its experts with make_feed_forward
+    from tinyformer.moe import MixtureOfExperts  # noqa: PLC0415
+
+    return MixtureOfExperts(d_model, d_ff, **options)  # type: ignore[arg-type]
+
+
+FEED_FORWARDS: dict[str, Callable[..., Module]] = {"plain": _plain, "gated": _gated, "moe": _moe}
 """The feed-forward networks a transformer block can be built with, by name.
 
 Each entry takes ``(d_model, d_ff, *, rng, activation, dropout, bias, dtype)``
 and returns a :class:`~tinyformer.module.Module` from ``(..., d_model)`` to
-``(..., d_model)``; a new kind (a mixture of experts, say) is one more entry.
+``(..., d_model)``. ``"moe"`` is a :class:`~tinyformer.moe.MixtureOfExperts`
+(``d_ff`` is each expert's width); it also needs the options of :data:`MOE_OPTIONS`.
 """
+
+MOE_OPTIONS = ("n_experts", "top_k", "feed_forward", "capacity_factor", "aux_loss_weight")
+"""The further keyword arguments of ``make_feed_forward("moe", ...)``; ``n_experts`` is required."""
 
 
 def make_feed_forward(
@@ -163,10 +174,31 @@ def make_feed_forward(
     dropout: float,
     bias: bool,
     dtype: object,
+    **options: object,
 ) -> Module:
-    """The feed-forward network named ``kind`` (a key of :data:`FEED_FORWARDS`)."""
+    """The feed-forward network named ``kind`` (a key of :data:`FEED_FORWARDS`).
+
+    ``options`` are the further arguments of a mixture of experts
+    (:data:`MOE_OPTIONS`: ``n_experts``, ``top_k``, the experts' ``feed_forward``,
+    ``capacity_factor``, ``aux_loss_weight``); the other kinds take none.
+    """
     if kind not in FEED_FORWARDS:
         raise ValueError(f"kind must be one of {sorted(FEED_FORWARDS)}, got {kind!r}")
+    allowed = MOE_OPTIONS if kind == "moe" else ()
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise TypeError(
+            f"feed-forward kind {kind!r} takes no option(s) {unknown}; it takes {list(allowed)}"
+        )
+    if kind == "moe" and "n_experts" not in options:
+        raise TypeError("feed-forward kind 'moe' needs n_experts (the number of experts)")
     return FEED_FORWARDS[kind](
-        d_model, d_ff, rng=rng, activation=activation, dropout=dropout, bias=bias, dtype=dtype
+        d_model,
+        d_ff,
+        rng=rng,
+        activation=activation,
+        dropout=dropout,
+        bias=bias,
+        dtype=dtype,
+        **options,
     )

@@ -3,7 +3,8 @@
 Each layer keeps in ``forward`` exactly what its ``backward`` needs, returns the
 gradient with respect to its input from ``backward`` and *adds* into the
 gradients of its parameters, so a parameter used twice (weight tying) receives
-the sum of both contributions.
+the sum of both contributions. A frozen parameter (``requires_grad`` False) is
+skipped: its gradient is not computed and its ``grad`` is left as it is.
 """
 
 from __future__ import annotations
@@ -112,8 +113,9 @@ class Linear(Module):
         """Add into the weight and bias gradients; return the gradient for ``x``."""
         (x,) = self._saved()
         grad = _flat(self._check_grad(grad_out, (*x.shape[:-1], self.d_out), self.dtype))
-        self.weight.grad += _flat(x).T @ grad  # (d_in, d_out)
-        if self.bias is not None:
+        if self.weight.requires_grad:  # a frozen parameter costs nothing
+            self.weight.grad += _flat(x).T @ grad  # (d_in, d_out)
+        if self.bias is not None and self.bias.requires_grad:
             self.bias.grad += sum_rows(grad)
         return (grad @ self.weight.value.T).reshape(x.shape)  # (..., d_in)
 
@@ -176,6 +178,8 @@ class Embedding(Module):
         """Add each position's gradient into the row of its token; ids have no gradient."""
         (ids,) = self._saved()
         grad = self._check_grad(grad_out, (*ids.shape, self.d_model), self.dtype)
+        if not self.weight.requires_grad:  # frozen: nothing to add
+            return
         rows = _flat(grad)
         if self.scale != 1.0:
             rows = rows * self.scale
@@ -238,8 +242,9 @@ class TiedOutputProjection(Module):
         r"""Add :math:`G^\top x` into the shared table's gradient; return :math:`G E`."""
         (x,) = self._saved()
         grad = _flat(self._check_grad(grad_out, (*x.shape[:-1], self.vocab_size), self.dtype))
-        self.weight.grad += grad.T @ _flat(x)  # (vocab_size, d_model)
-        if self.bias is not None:
+        if self.weight.requires_grad:  # frozen (with its embedding): nothing to add
+            self.weight.grad += grad.T @ _flat(x)  # (vocab_size, d_model)
+        if self.bias is not None and self.bias.requires_grad:
             self.bias.grad += sum_rows(grad)
         return (grad @ self.weight.value).reshape(x.shape)
 

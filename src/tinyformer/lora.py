@@ -19,17 +19,28 @@ Use:
 .. code-block:: python
 
     names = apply_lora(model, rank=4, alpha=8, rng=rng)  # q_proj and v_proj of every attention
-    optimizer = AdamW(trainable_parameters(model), lr=1e-3)  # the adapters, nothing else
+    optimizer = AdamW(model.trainable_parameters(), lr=1e-3)  # the adapters, nothing else
     ...  # train as usual
     np.savez(path, **lora_state_dict(model))  # the adapters alone
+    remove_lora(model)  # or: merge them in for good, leaving an ordinary model
 
-Freezing. The optimizers update exactly the parameters they are given, so a
-model is fine-tuned through its adapters by giving the optimizer
-:func:`trainable_parameters` (every other parameter of the model is then
-frozen: the optimizer neither updates it nor keeps state for it). A
-:class:`LoRALinear` never computes a gradient for its base weight and bias;
-the other layers of the model (embeddings, norms, the projections that carry
-no adapter) still add into their parameters' ``grad`` arrays, which nothing reads.
+Freezing. :func:`apply_lora` freezes every other parameter of the model
+(``requires_grad = False``, :class:`~tinyformer.module.Parameter`), so
+:meth:`~tinyformer.module.Module.trainable_parameters` gives the adapters
+alone. Frozen parameters cost nothing in training: every layer skips their
+gradient (still passing the gradient on to its input), and the optimizers
+refuse them, so none keeps moment estimates for the base model.
+:func:`remove_lora` merges the adapters into their base weights, puts the
+plain :class:`~tinyformer.layers.Linear` layers back and unfreezes what
+:func:`apply_lora` froze.
+
+Checkpoints. :func:`~tinyformer.checkpoint.save_checkpoint` saves an adapted
+model whole (base weights and adapters, with each adapter's rank, alpha and
+merged state), and :func:`~tinyformer.checkpoint.load_checkpoint` loads it
+back into a model adapted the same way, optimizer state included, to resume
+fine-tuning. :func:`~tinyformer.models.loading.load_model` builds models
+without adapters and refuses such a file, saying to use :func:`lora_state_dict`
+or :func:`remove_lora`.
 """
 
 from __future__ import annotations
@@ -58,9 +69,12 @@ __all__ = [
     "lora_layers",
     "lora_state_dict",
     "merge_lora",
-    "trainable_parameters",
+    "remove_lora",
     "unmerge_lora",
 ]
+
+_FROZEN = "_lora_frozen"
+"""The model attribute where apply_lora keeps, by name, the parameters it froze."""
 
 INITS = ("uniform", "gaussian")
 """How :class:`LoRALinear` draws :math:`A`: PEFT's default, or PEFT's Gaussian option."""
@@ -89,8 +103,10 @@ class LoRALinear(Module):
     ----------
     base : Linear
         The layer to adapt; kept as ``self.base`` (its parameters keep their
-        values and stay in the model's state). Its weight and bias are frozen:
-        :meth:`backward` computes no gradient for them.
+        values and stay in the model's state). Its weight and bias are frozen
+        (``requires_grad = False``): :meth:`backward` computes no gradient for
+        them unless they are unfrozen again, as it computes none for a frozen
+        ``lora_A`` or ``lora_B``.
     rank : int
         :math:`r`, in ``[1, min(d_in, d_out)]``. A larger rank is refused: the
         product :math:`A B` cannot have rank above :math:`\min(d_\text{in},
@@ -137,7 +153,7 @@ class LoRALinear(Module):
               \odot m,
 
     with :math:`m` the dropout multiplier (1 without dropout). :math:`W` and
-    :math:`b` get none. While :math:`B = 0` the gradient of :math:`A` is
+    :math:`b` get none while frozen. While :math:`B = 0` the gradient of :math:`A` is
     exactly zero; :math:`B`'s is not, and training moves :math:`B` first.
     """
 
@@ -155,8 +171,6 @@ class LoRALinear(Module):
         if not isinstance(base, Linear):
             raise TypeError(f"base must be a tinyformer Linear layer, got {describe(base)}")
         self.base = base
-        for frozen in base.parameters():  # no gradient is computed for the base weights
-            frozen.requires_grad = False
         self.d_in, self.d_out, self.dtype = base.d_in, base.d_out, base.dtype
         self.rank = _rank(rank, self.d_in, self.d_out)
         self.alpha = positive_float(alpha, "alpha")
@@ -173,15 +187,19 @@ class LoRALinear(Module):
         self.lora_B = Parameter(np.zeros((self.rank, self.d_out), dtype=self.dtype))  # (r, d_out)
         self.dropout = Dropout(p, rng=rng) if p > 0.0 else None
         self.merged = False
+        # what remove_lora restores: the base's flags before they were frozen here
+        self._base_requires_grad = tuple(q.requires_grad for q in base.parameters())
+        base.freeze()  # no gradient is computed for the base weights
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """Map ``x`` of shape ``(..., d_in)`` to ``(..., d_out)``."""
         x = layer_input(x, "x", self.dtype, last_dim=self.d_in)
-        with no_grad():  # the base layer is frozen: it keeps nothing for a backward pass
-            y = self.base.forward(x)  # (..., d_out), a fresh array
         if self.merged:
+            with no_grad():  # no backward through a merged layer: keep nothing
+                y = self.base.forward(x)  # (..., d_out)
             self._save(None, x.shape)
             return y
+        y = self.base.forward(x)  # (..., d_out), a fresh array; keeps x for its backward
         rows = x.reshape(-1, self.d_in)  # (N, d_in)
         keep = None if self.dropout is None else self.dropout.mask(rows.shape, self.dtype)
         if keep is not None:
@@ -203,15 +221,18 @@ class LoRALinear(Module):
             )
         h, keep = rest
         grad = self._check_grad(grad_out, (*shape[:-1], self.d_out), self.dtype)
+        # G W^T, and the gradients of W and b only if they were unfrozen
+        grad_x = self.base.backward(grad).reshape(-1, self.d_in)  # (N, d_in)
         grad = grad.reshape(-1, self.d_out)  # (N, d_out)
-        self.lora_B.grad += h.T @ grad  # (r, d_out)
+        if self.lora_B.requires_grad:
+            self.lora_B.grad += h.T @ grad  # (r, d_out)
         grad_h = grad @ self.lora_B.value.T  # (N, r)
         grad_h *= self.dtype.type(self.scale)
-        self.lora_A.grad += rows.T @ grad_h  # (d_in, r)
+        if self.lora_A.requires_grad:
+            self.lora_A.grad += rows.T @ grad_h  # (d_in, r)
         grad_rows = grad_h @ self.lora_A.value.T  # (N, d_in)
         if keep is not None:
             grad_rows *= keep
-        grad_x = grad @ self.base.weight.value.T  # (N, d_in); no gradient for W or b
         grad_x += grad_rows
         return grad_x.reshape(shape)  # (..., d_in)
 
@@ -264,6 +285,30 @@ def _named_modules(module: Module, prefix: str = "") -> Iterator[tuple[str, Modu
     for name, child in module._children():
         if isinstance(child, Module):
             yield from _named_modules(child, f"{prefix}{name}.")
+
+
+def _slots(model: Module) -> Iterator[tuple[str, Module, str, int | None, Module]]:
+    """Every sub-module with where it hangs: ``(name, parent, attribute, list index, child)``.
+
+    A module in a list is the attribute's entry ``index`` (else ``index`` is
+    None). The inside of a :class:`LoRALinear` is not visited.
+    """
+    for parent_name, parent in _named_modules(model):
+        if isinstance(parent, LoRALinear):
+            continue
+        for attr, child in parent._children():
+            if isinstance(child, Module):
+                name = f"{parent_name}.{attr}" if parent_name else attr
+                field, _, index = attr.partition(".")  # a module in a list is "<list>.<i>"
+                yield name, parent, field, int(index) if index else None, child
+
+
+def _put(parent: Module, attr: str, index: int | None, module: Module) -> None:
+    """Hang ``module`` where :func:`_slots` found another."""
+    if index is None:
+        setattr(parent, attr, module)
+    else:
+        getattr(parent, attr)[index] = module
 
 
 def _check_model(model: object) -> Module:
@@ -325,8 +370,11 @@ def apply_lora(
     The attention layers' projections are ``q_proj``, ``k_proj``, ``v_proj``
     and ``out_proj``; the feed-forward network's are ``linear_in`` and
     ``linear_out``. The default adapts queries and values, the choice of Hu et
-    al. (2021). Every other parameter is frozen in the sense of this module:
-    :func:`trainable_parameters` returns the adapters alone.
+    al. (2021). Every parameter of the model that is not an adapter is frozen
+    (``requires_grad = False``; those frozen already are left so), so
+    ``model.trainable_parameters()`` returns the adapters alone;
+    :func:`remove_lora` unfreezes what this call froze. Calling it again for
+    other targets adapts more layers and keeps the earlier adapters trainable.
 
     Parameters
     ----------
@@ -356,25 +404,23 @@ def apply_lora(
     """
     model = _check_model(model)
     targets = _check_targets(targets)
-    generator(rng)
+    generator(rng)  # and the settings every LoRALinear checks, before anything changes
+    positive_float(alpha, "alpha")
+    probability(dropout, "dropout")
+    one_of(init, INITS, "init")
     found: list[tuple[str, Module, str, int | None, Linear]] = []
     used: set[str] = set()
     available: set[str] = set()
-    for parent_name, parent in _named_modules(model):
-        if isinstance(parent, LoRALinear):  # its base is adapted already
+    for name, parent, attr, index, child in _slots(model):
+        target = _matches(name, targets)
+        if isinstance(child, LoRALinear) and target is not None:
+            raise ValueError(f"layer {name!r} (target {target!r}) already has a LoRA adapter")
+        if not isinstance(child, Linear):
             continue
-        for attr, child in parent._children():
-            name = f"{parent_name}.{attr}" if parent_name else attr
-            target = _matches(name, targets)
-            if isinstance(child, LoRALinear) and target is not None:
-                raise ValueError(f"layer {name!r} (target {target!r}) already has a LoRA adapter")
-            if not isinstance(child, Linear):
-                continue
-            available.add(name.rsplit(".", 1)[-1])
-            if target is not None:
-                used.add(target)
-                field, _, index = attr.partition(".")  # a Linear in a list is "<list>.<i>"
-                found.append((name, parent, field, int(index) if index else None, child))
+        available.add(name.rsplit(".", 1)[-1])
+        if target is not None:
+            used.add(target)
+            found.append((name, parent, attr, index, child))
     unused = [t for t in targets if t not in used]
     if unused:
         raise ValueError(
@@ -386,23 +432,61 @@ def apply_lora(
             _rank(rank, linear.d_in, linear.d_out)
         except ValueError as err:
             raise ValueError(f"layer {name!r}: {err}") from None
+    adapters = {
+        id(p) for layer in lora_layers(model).values() for p in (layer.lora_A, layer.lora_B)
+    }
+    frozen: dict[str, Parameter] = getattr(model, _FROZEN, {})
+    for name, p in model.named_parameters():
+        if p.requires_grad and id(p) not in adapters:
+            p.requires_grad = False
+            frozen[name] = p
+    setattr(model, _FROZEN, frozen)  # what remove_lora unfreezes
     for _, parent, attr, index, linear in found:
         adapted = LoRALinear(linear, rank, alpha=alpha, rng=rng, dropout=dropout, init=init)
         adapted.train(linear.training)  # the model's mode (dropout on or off)
-        if index is None:
-            setattr(parent, attr, adapted)
-        else:
-            getattr(parent, attr)[index] = adapted
+        _put(parent, attr, index, adapted)
     return [name for name, *_ in found]
 
 
-def trainable_parameters(model: Module) -> list[Parameter]:
-    """The adapters' parameters (each layer's ``lora_A`` then ``lora_B``), for the optimizer.
+def remove_lora(model: Module) -> list[str]:
+    r"""Merge every adapter into its base weight for good and put the plain ``Linear`` back.
 
-    ``Adam(trainable_parameters(model), ...)`` updates the adapters and keeps
-    its moment estimates for them alone; every other parameter stays as it was.
+    Afterwards the model has its original structure and parameter names (the
+    adapted weights :math:`W + \frac{\alpha}{r} A B` in place of :math:`W`), so
+    it saves as an ordinary checkpoint and loads with
+    :func:`~tinyformer.models.loading.load_model`; its logits are the adapted
+    model's to rounding (the adapters themselves are dropped: save them first
+    with :func:`lora_state_dict` to keep them apart). Adapters already merged
+    (:func:`merge_lora`) are not added twice. Every parameter that :func:`apply_lora` (or a
+    :class:`LoRALinear`) froze is trainable again; parameters frozen before
+    stay frozen.
+
+    Returns
+    -------
+    list of str
+        The dotted names of the layers put back, in module order.
+
+    Raises
+    ------
+    ValueError
+        If the model has no LoRA layers, or is itself a :class:`LoRALinear`
+        (its ``base`` is the plain layer).
     """
-    return [p for layer in _require_layers(model).values() for p in (layer.lora_A, layer.lora_B)]
+    layers = _require_layers(model)
+    if "" in layers:
+        raise ValueError("model is itself a LoRALinear: merge() it and use its .base instead")
+    for _, parent, attr, index, layer in list(_slots(model)):
+        if isinstance(layer, LoRALinear):
+            if not layer.merged:
+                layer.merge()
+            for p, flag in zip(layer.base.parameters(), layer._base_requires_grad, strict=True):
+                p.requires_grad = flag
+            _put(parent, attr, index, layer.base)
+    for p in getattr(model, _FROZEN, {}).values():
+        p.requires_grad = True
+    if hasattr(model, _FROZEN):
+        delattr(model, _FROZEN)
+    return list(layers)
 
 
 def merge_lora(model: Module) -> list[str]:

@@ -61,8 +61,10 @@ class Parameter:
     requires_grad : bool
         Whether training computes a gradient for it. ``False`` marks a frozen
         parameter (the base weights under a low-rank adapter,
-        :mod:`tinyformer.lora`): its layer adds nothing to ``grad`` and the
-        gradient checks of :mod:`tinyformer.gradcheck` leave it out.
+        :mod:`tinyformer.lora`, or :meth:`Module.freeze`): its layer skips
+        adding into ``grad``, the optimizers of :mod:`tinyformer.optim`
+        refuse it, and the gradient checks of :mod:`tinyformer.gradcheck`
+        leave it out. It may be changed at any time.
     """
 
     __slots__ = ("grad", "requires_grad", "value")
@@ -92,7 +94,8 @@ class Parameter:
         self.grad.fill(0)
 
     def __repr__(self) -> str:
-        return f"Parameter(shape={self.shape}, dtype={self.dtype})"
+        frozen = "" if self.requires_grad else ", frozen"
+        return f"Parameter(shape={self.shape}, dtype={self.dtype}{frozen})"
 
 
 class Module:
@@ -196,8 +199,35 @@ class Module:
         """All distinct parameters of this module and its sub-modules."""
         return [p for _, p in self.named_parameters()]
 
+    def trainable_parameters(self) -> list[Parameter]:
+        """The parameters that are not frozen (``requires_grad`` True), in :meth:`parameters` order.
+
+        What to give an optimizer once part of a model is frozen (:meth:`freeze`,
+        :func:`tinyformer.lora.apply_lora`): the optimizers refuse frozen parameters.
+        """
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def freeze(self) -> Module:
+        """Mark every parameter of this module and its sub-modules frozen; return the module.
+
+        Frozen parameters (``requires_grad`` False) get no gradient: their
+        layers skip that work in ``backward``, while still returning the
+        gradient for their input, so the layers before them keep training. A
+        parameter shared with a module outside this one (a tied embedding) is
+        frozen for both.
+        """
+        for p in self.parameters():
+            p.requires_grad = False
+        return self
+
+    def unfreeze(self) -> Module:
+        """Undo :meth:`freeze`: mark every parameter of this module trainable; return the module."""
+        for p in self.parameters():
+            p.requires_grad = True
+        return self
+
     def num_parameters(self) -> int:
-        """Number of trainable scalars (shared parameters counted once)."""
+        """Number of scalars in the parameters (shared ones counted once), frozen ones included."""
         return sum(p.value.size for p in self.parameters())
 
     def zero_grad(self) -> None:

@@ -5,7 +5,8 @@ statistics are shared across the batch or the sequence), then apply a learned
 per-feature gain. BatchNorm, for comparison, normalizes each feature over every
 position of the batch, so one token's output depends on the other tokens of its
 batch. The backward passes are written out in terms of the saved normalized
-input, so nothing but that and one number per row (or column) is kept.
+input, so nothing but that and one number per row (or column) is kept; they
+skip the gradient of a frozen gain or bias (``requires_grad`` False).
 """
 
 from __future__ import annotations
@@ -102,8 +103,10 @@ class LayerNorm(Module):
         """Add into ``gain.grad`` and ``bias.grad``; return the gradient for ``x``."""
         shape, x_hat, inv_std = self._saved()
         grad = self._check_grad(grad_out, shape, self.dtype).reshape(-1, self.d_model)
-        self.gain.grad += _column_dot(grad, x_hat)
-        self.bias.grad += sum_rows(grad)
+        if self.gain.requires_grad:  # a frozen parameter costs nothing
+            self.gain.grad += _column_dot(grad, x_hat)
+        if self.bias.requires_grad:
+            self.bias.grad += sum_rows(grad)
         g = grad * self.gain.value  # (N, d)
         projection = _row_dot(g, x_hat)[:, None] / self.d_model  # (N, 1)
         g -= _row_mean(g, self._mean)[:, None]
@@ -154,7 +157,8 @@ class RMSNorm(Module):
         """Add into ``gain.grad``; return the gradient for ``x``."""
         shape, x_hat, inv_rms = self._saved()
         grad = self._check_grad(grad_out, shape, self.dtype).reshape(-1, self.d_model)
-        self.gain.grad += _column_dot(grad, x_hat)
+        if self.gain.requires_grad:  # a frozen parameter costs nothing
+            self.gain.grad += _column_dot(grad, x_hat)
         g = grad * self.gain.value  # (N, d)
         g -= x_hat * (_row_dot(g, x_hat)[:, None] / self.d_model)
         g *= inv_rms
@@ -241,8 +245,10 @@ class BatchNorm(Module):
         """Add into ``gain.grad`` and ``bias.grad``; return the gradient for ``x``."""
         shape, x_hat, inv_std, batch_statistics = self._saved()
         grad = self._check_grad(grad_out, shape, self.dtype).reshape(-1, self.d_model)
-        self.gain.grad += _column_dot(grad, x_hat)
-        self.bias.grad += sum_rows(grad)
+        if self.gain.requires_grad:  # a frozen parameter costs nothing
+            self.gain.grad += _column_dot(grad, x_hat)
+        if self.bias.requires_grad:
+            self.bias.grad += sum_rows(grad)
         g = grad * self.gain.value  # (N, d)
         if batch_statistics:  # every position moved the mean and variance: two more terms
             n = g.shape[0]

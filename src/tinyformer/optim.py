@@ -60,6 +60,19 @@ def _check_parameters(parameters: object) -> list[Parameter]:
     return params
 
 
+def _check_trainable(params: list[Parameter], when: str) -> None:
+    """Raise if a parameter is frozen, naming it by its index and shape and saying what to pass."""
+    frozen = [i for i, p in enumerate(params) if not p.requires_grad]
+    if frozen:
+        i = frozen[0]
+        raise ValueError(
+            f"parameters[{i}] (shape {params[i].shape}) is frozen (requires_grad=False){when};"
+            f" {len(frozen)} of the {len(params)} parameters are: an optimizer updates trainable"
+            " parameters only, so pass model.trainable_parameters() rather than"
+            " model.parameters() (after apply_lora or Module.freeze), or unfreeze them"
+        )
+
+
 def _check_lr(lr: object, name: str = "lr") -> float:
     if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
         raise TypeError(f"{name} must be a non-negative number or a schedule, got {describe(lr)}")
@@ -77,10 +90,24 @@ class Optimizer:
     Parameters
     ----------
     parameters : list of Parameter
-        The parameters to update (e.g. ``model.parameters()``), each once.
+        The parameters to update (e.g. ``model.parameters()``, or
+        ``model.trainable_parameters()`` when part of the model is frozen),
+        each once. None may be frozen.
     lr : float or Schedule
         A learning rate :math:`\ge 0`, or a schedule ``step -> lr`` called
         with the number (from 1) of the step about to be made.
+
+    Raises
+    ------
+    ValueError
+        If a parameter is frozen (``requires_grad`` False), here or at a
+        :meth:`step`. A frozen parameter is refused rather than skipped: an
+        optimizer that kept it would keep moment buffers for it (for Adam,
+        twice its size: after :func:`~tinyformer.lora.apply_lora`, twice the
+        base model, which is what low-rank adapters exist to avoid) and could
+        still move it (momentum, decoupled weight decay), while one that
+        skipped it silently would hide the mistake of passing
+        ``model.parameters()``. Refusing says so at once.
     """
 
     #: names of the per-parameter buffers, each a list of arrays shaped like the parameters
@@ -88,6 +115,7 @@ class Optimizer:
 
     def __init__(self, parameters: Iterable[Parameter], lr: float | Schedule) -> None:
         self.parameters = _check_parameters(parameters)
+        _check_trainable(self.parameters, "")
         self.lr = lr
         self.step_count = 0
         self.buffers = {
@@ -136,7 +164,10 @@ class Optimizer:
         raise NotImplementedError
 
     def _check_grads(self) -> None:
-        """Raise before touching any parameter if a gradient has the wrong shape or is not finite."""
+        """Raise before touching any parameter if one was frozen, or a gradient is wrong or not finite."""
+        _check_trainable(
+            self.parameters, " since the optimizer was made; no parameter was updated"
+        )
         for i, p in enumerate(self.parameters):
             if not isinstance(p.grad, np.ndarray) or p.grad.shape != p.value.shape:
                 raise ValueError(

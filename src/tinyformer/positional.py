@@ -25,6 +25,7 @@ from tinyformer.module import Module, Parameter
 
 __all__ = [
     "ROTARY_LAYOUTS",
+    "ROTARY_SCALINGS",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
@@ -34,6 +35,7 @@ __all__ = [
     "distance_to_seen",
     "fit_shift_matrix",
     "halves_permutation",
+    "ntk_rotary_base",
     "rotary_frequencies",
     "sinusoidal_encoding",
     "sinusoidal_encoding_at",
@@ -44,6 +46,8 @@ _MAX_BITS = 62  # positions are int64: 2**62 leaves room for the shifts below
 ROTARY_LAYOUTS = ("adjacent", "halves")
 """The RoPE pair layouts: ``"adjacent"`` pairs features :math:`(2i, 2i+1)`, ``"halves"`` :math:`(i, i+d/2)`."""
 _LAYOUTS = ROTARY_LAYOUTS
+ROTARY_SCALINGS = ("linear", "ntk")
+"""Ways to stretch RoPE to longer contexts: position interpolation (``"linear"``) and NTK-aware (``"ntk"``)."""
 
 
 def _even_size(d_model: object, name: str = "d_model") -> int:
@@ -103,18 +107,76 @@ def _pair_slices(layout: object, d: int) -> tuple[slice, slice]:
     return slice(0, d // 2), slice(d // 2, d)  # "halves": pair i is (i, i + d/2)
 
 
-def rotary_frequencies(d_model: int, base: float = 10000.0) -> np.ndarray:
+def _scaling(scaling: object, factor: object) -> float:
+    """Check a RoPE scaling's name (None allowed) and return its factor as a float."""
+    if scaling is not None and scaling not in ROTARY_SCALINGS:
+        raise ValueError(f"scaling must be None or one of {ROTARY_SCALINGS}, got {scaling!r}")
+    return positive_float(factor, "scaling_factor")
+
+
+def ntk_rotary_base(base: float, d: int, factor: float) -> float:
+    r"""The rotary base of NTK-aware scaling by ``factor`` :math:`s`: :math:`b\, s^{d/(d-2)}`.
+
+    With base :math:`b' = b\, s^{d/(d-2)}` the frequencies become
+    :math:`\omega'_i = b'^{-2i/d} = \omega_i\, s^{-2i/(d-2)}`: the fastest pair
+    (:math:`i = 0`) turns as before, the slowest (:math:`i = d/2 - 1`) :math:`s`
+    times slower, so a context :math:`s` times longer reaches the angles the
+    slowest pair reached in training, while the fast pairs, which tell nearby
+    positions apart, keep their resolution. (Proposed by "bloc97" on Reddit's
+    r/LocalLLaMA in 2023, so named because it spreads the interpolation over the
+    frequencies as neural-tangent-kernel arguments for high-frequency features
+    suggest.)
+
+    Parameters
+    ----------
+    base : float
+        The base :math:`b` the model was trained with.
+    d : int
+        The rotated width :math:`d` (each head's :math:`d_k`), even and at least 4.
+    factor : float
+        The context stretch :math:`s > 0`.
+    """
+    base = positive_float(base, "base")
+    d = _even_size(d, "d")
+    if d < 4:
+        raise ValueError(
+            f"d must be at least 4 for NTK scaling (d/(d-2) is undefined at 2), got {d}"
+        )
+    return base * positive_float(factor, "factor") ** (d / (d - 2))
+
+
+def rotary_frequencies(
+    d_model: int, base: float = 10000.0, *, scaling: str | None = None, scaling_factor: float = 1.0
+) -> np.ndarray:
     r"""Angular frequencies :math:`\omega_i = \text{base}^{-2i/d}`, one per pair of dimensions.
+
+    Parameters
+    ----------
+    d_model : int
+        The rotated width (even).
+    base : float
+        The base :math:`b`.
+    scaling : str, optional
+        ``None`` (the default); ``"linear"``: position interpolation
+        :cite:p:`chen2023extending`, position :math:`p` is read as :math:`p/s`, so
+        every frequency is divided by :math:`s`; ``"ntk"``: the base becomes
+        :func:`ntk_rotary_base` :math:`b\, s^{d/(d-2)}`.
+    scaling_factor : float
+        :math:`s`, how many times longer a context the scaled rotation spans.
 
     Returns
     -------
     numpy.ndarray
-        Shape ``(d_model // 2,)``, float64, falling geometrically from 1 to
+        Shape ``(d_model // 2,)``, float64, falling geometrically from 1 (unscaled) to
         nearly ``1 / base``.
     """
     d = _even_size(d_model)
     base = positive_float(base, "base")
-    return base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    factor = _scaling(scaling, scaling_factor)
+    if scaling == "ntk":
+        base = ntk_rotary_base(base, d, factor)
+    freqs = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    return freqs / factor if scaling == "linear" else freqs
 
 
 def sinusoidal_encoding(
@@ -327,7 +389,8 @@ class LearnedPositionalEmbedding(Module):
         """Pass the gradient through and add its sum over the batch into the table rows used."""
         shape, rows = self._saved()
         grad = self._check_grad(grad_out, shape, self.weight.dtype)
-        self.weight.grad[rows] += grad.reshape(-1, *shape[-2:]).sum(axis=0)
+        if self.weight.requires_grad:  # a frozen table costs nothing
+            self.weight.grad[rows] += grad.reshape(-1, *shape[-2:]).sum(axis=0)
         return grad
 
 
@@ -338,6 +401,8 @@ def apply_rotary(
     base: float = 10000.0,
     inverse: bool = False,
     layout: str = "adjacent",
+    scaling: str | None = None,
+    scaling_factor: float = 1.0,
 ) -> np.ndarray:
     r"""Rotate each pair of features of ``x`` by an angle proportional to its position (RoPE).
 
@@ -369,6 +434,13 @@ def apply_rotary(
         ``"halves"`` rotates :math:`(x_i, x_{i + d/2})`, the ``rotate_half``
         layout of much LLaMA and GPT-NeoX code. The two are the same rotation
         up to the fixed feature order :func:`halves_permutation`.
+    scaling : str, optional
+        Stretch the rotation to a context ``scaling_factor`` :math:`s` times longer:
+        ``"linear"`` (position interpolation :cite:p:`chen2023extending`: position
+        :math:`p` is rotated as position :math:`p/s` is without scaling) or ``"ntk"``
+        (the base becomes :func:`ntk_rotary_base`); ``None`` (the default) does not.
+    scaling_factor : float
+        :math:`s > 0`.
 
     Returns
     -------
@@ -377,9 +449,21 @@ def apply_rotary(
     """
     x = float_array(x, "x", min_ndim=2)
     n_pos, d = x.shape[-2:]
-    freqs = rotary_frequencies(_even_size(d, "x.shape[-1]"), base)  # (d / 2,)
+    if scaling is None:  # the rotation as it has always been computed
+        freqs = rotary_frequencies(_even_size(d, "x.shape[-1]"), base)  # (d / 2,)
+        pos = _rotary_positions(positions, n_pos)
+    else:
+        factor = _scaling(scaling, scaling_factor)
+        if scaling == "linear":  # position interpolation: p is read as p / s
+            freqs = rotary_frequencies(_even_size(d, "x.shape[-1]"), base)
+            pos = _rotary_positions(positions, n_pos) / factor
+        else:
+            freqs = rotary_frequencies(
+                _even_size(d, "x.shape[-1]"), base, scaling="ntk", scaling_factor=factor
+            )
+            pos = _rotary_positions(positions, n_pos)
     first, second = _pair_slices(layout, d)
-    angles = _rotary_positions(positions, n_pos)[:, None] * freqs  # (T, d / 2)
+    angles = pos[:, None] * freqs  # (T, d / 2)
     angles = -angles if inverse else angles
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
     a, b = x[..., first], x[..., second]  # (..., T, d / 2) each
@@ -493,14 +577,44 @@ class RotaryEmbedding(Module):
         Frequency base, as in :func:`rotary_frequencies`.
     layout : str
         ``"adjacent"`` or ``"halves"``: which features are paired, as in :func:`apply_rotary`.
+    scaling : str, optional
+        ``"linear"`` or ``"ntk"``: stretch the rotation to a longer context, as in
+        :func:`apply_rotary`; ``None`` (the default) does not.
+    scaling_factor : float
+        How many times longer.
     """
 
-    def __init__(self, d_k: int, *, base: float = 10000.0, layout: str = "adjacent"):
+    def __init__(
+        self,
+        d_k: int,
+        *,
+        base: float = 10000.0,
+        layout: str = "adjacent",
+        scaling: str | None = None,
+        scaling_factor: float = 1.0,
+    ):
         super().__init__()
         self.d_k = _even_size(d_k, "d_k")
         self.base = positive_float(base, "base")
         _pair_slices(layout, self.d_k)  # checks the layout's name
         self.layout = layout
+        self.scaling_factor = _scaling(scaling, scaling_factor)
+        self.scaling = scaling
+        if scaling == "ntk":
+            ntk_rotary_base(self.base, self.d_k, self.scaling_factor)  # checks d_k >= 4
+
+    def _rotate(self, x: np.ndarray, positions: np.ndarray, *, inverse: bool) -> np.ndarray:
+        if self.scaling is None:  # the call it has always made
+            return apply_rotary(x, positions, base=self.base, inverse=inverse, layout=self.layout)
+        return apply_rotary(
+            x,
+            positions,
+            base=self.base,
+            inverse=inverse,
+            layout=self.layout,
+            scaling=self.scaling,
+            scaling_factor=self.scaling_factor,
+        )
 
     def forward(self, x: np.ndarray, start: int = 0) -> np.ndarray:
         """Rotate ``x`` of shape ``(..., T, d_k)`` for positions ``start .. start+T-1``."""
@@ -508,13 +622,13 @@ class RotaryEmbedding(Module):
         rows = _positions_slice(x, start, None, "RoPE")
         positions = np.arange(rows.start, rows.stop)
         self._save(x.shape, x.dtype, positions)
-        return apply_rotary(x, positions, base=self.base, layout=self.layout)
+        return self._rotate(x, positions, inverse=False)
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
         """Rotate the gradient back by the same angles (the rotation is orthogonal)."""
         shape, dtype, positions = self._saved()
         grad = self._check_grad(grad_out, shape, dtype)
-        return apply_rotary(grad, positions, base=self.base, inverse=True, layout=self.layout)
+        return self._rotate(grad, positions, inverse=True)
 
 
 def fit_shift_matrix(table: np.ndarray, offset: int) -> np.ndarray:

@@ -197,7 +197,7 @@ class QuantizedLinear(Module):
         (shape,) = self._saved()
         grad = self._check_grad(grad_out, (*shape[:-1], self.d_out), self.dtype)
         grad = grad.reshape(-1, self.d_out)  # (N, d_out)
-        if self.bias is not None:
+        if self.bias is not None and self.bias.requires_grad:
             self.bias.grad += sum_rows(grad)
         return ((grad * self.weight.scale) @ self.weight.q.T.astype(self.dtype)).reshape(shape)
 

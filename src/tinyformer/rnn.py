@@ -144,8 +144,11 @@ class ElmanRNN(Module):
             carry = delta[:, step] @ self.w_hh.value.T  # (B, d_hidden): dL/dh_{t-1}
         previous = np.concatenate((h0[:, None], states[:, :-1]), axis=1)  # h_0 .. h_{T-1}
         delta_rows = delta.reshape(b * t, d_h)  # (B T, d_hidden)
-        self.w_xh.grad += x.reshape(b * t, self.d_in).T @ delta_rows
-        self.w_hh.grad += previous.reshape(b * t, d_h).T @ delta_rows
-        self.bias.grad += sum_rows(delta_rows)
+        if self.w_xh.requires_grad:  # a frozen parameter costs nothing
+            self.w_xh.grad += x.reshape(b * t, self.d_in).T @ delta_rows
+        if self.w_hh.requires_grad:
+            self.w_hh.grad += previous.reshape(b * t, d_h).T @ delta_rows
+        if self.bias.requires_grad:
+            self.bias.grad += sum_rows(delta_rows)
         grad_x = (delta_rows @ self.w_xh.value.T).reshape(x.shape)  # (B, T, d_in)
         return (grad_x, carry) if given_h0 else grad_x

@@ -93,8 +93,8 @@ def test_float32_agrees_with_float64_forward_and_backward(rng, activation, gated
 
 # ------------------------------------------------------------------- registry
 def test_the_registry_builds_plain_and_gated_networks_with_every_option(rng):
-    assert set(FEED_FORWARDS) == {"plain", "gated"}
-    for kind in FEED_FORWARDS:
+    assert set(FEED_FORWARDS) == {"plain", "gated", "moe"}
+    for kind in ("plain", "gated"):
         layer = make_feed_forward(
             kind, 4, 6, rng=rng, activation="silu", dropout=0.2, bias=False, dtype=np.float32
         )
@@ -137,7 +137,7 @@ def test_the_registry_draws_the_same_weights_as_the_class():
                 dtype=np.float64,
             ),
             ValueError,
-            "kind must be one of ['gated', 'plain'], got 'experts'",
+            "kind must be one of ['gated', 'moe', 'plain'], got 'experts'",
         ),
         (
             lambda: FeedForward(4, 8, rng=np.random.default_rng(0), activation="tanh"),

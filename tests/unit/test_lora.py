@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import small_models
 
-from tinyformer.gradcheck import max_relative_error, numerical_gradient
+from tinyformer.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from tinyformer.gradcheck import check_module_gradients, max_relative_error, numerical_gradient
 from tinyformer.layers import Linear
 from tinyformer.lora import (
     LoRALinear,
@@ -18,10 +19,11 @@ from tinyformer.lora import (
     lora_layers,
     lora_state_dict,
     merge_lora,
-    trainable_parameters,
+    remove_lora,
     unmerge_lora,
 )
 from tinyformer.losses import cross_entropy
+from tinyformer.models.loading import load_model
 from tinyformer.module import no_grad
 from tinyformer.optim import Adam
 from tinyformer.training import Trainer, lm_loss
@@ -232,7 +234,7 @@ def _adapted(seed=0, rank=2, alpha=4.0, **options):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_apply_lora_names_the_adapted_layers_and_starts_equal_to_the_base(dtype):
     model, base, names = _adapted(dtype=dtype)
-    assert all(p.dtype == np.dtype(dtype) for p in trainable_parameters(model))
+    assert all(p.dtype == np.dtype(dtype) for p in model.trainable_parameters())
     assert names == [
         f"decoder.layers.{i}.self_attention.layer.{p}"
         for i in (0, 1)
@@ -249,9 +251,9 @@ def test_trainable_parameter_count(rank):
     layers = lora_layers(model)
     expected = sum(rank * (layer.d_in + layer.d_out) for layer in layers.values())
     assert expected == 4 * rank * (8 + 8)
-    assert sum(p.value.size for p in trainable_parameters(model)) == expected
+    assert sum(p.value.size for p in model.trainable_parameters()) == expected
     assert model.num_parameters() - base.num_parameters() == expected
-    assert len(trainable_parameters(model)) == 2 * len(names)
+    assert len(model.trainable_parameters()) == 2 * len(names)
 
 
 def test_model_gradients_of_the_adapters_match_finite_differences():
@@ -277,7 +279,7 @@ def test_model_gradients_of_the_adapters_match_finite_differences():
 
 def test_adam_on_the_adapters_changes_only_them_and_lowers_the_loss():
     model, base, _ = _adapted(seed=2, rank=2, alpha=8.0)
-    trainable = trainable_parameters(model)
+    trainable = model.trainable_parameters()
     adapter_ids = {id(p) for p in trainable}
     before = {name: p.value.copy() for name, p in model.named_parameters()}
     optimizer = Adam(trainable, lr=1e-2)
@@ -304,7 +306,7 @@ def test_adam_on_the_adapters_changes_only_them_and_lowers_the_loss():
 
 def _trained(seed=3, steps=10, **options):
     model, base, names = _adapted(seed=seed, rank=2, alpha=8.0, **options)
-    optimizer = Adam(trainable_parameters(model), lr=3e-2)
+    optimizer = Adam(model.trainable_parameters(), lr=3e-2)
     for _ in range(steps):
         model.zero_grad()
         model.backward(_loss_and_grad(model)[1])
@@ -423,7 +425,7 @@ def test_targets_by_attribute_or_dotted_name_across_families():
     # self- and cross-attention of the decoder, self-attention of the encoder
     assert sum(n.endswith("out_proj") for n in names) == 1 + 2 * 2
     assert any("cross_attention" in n for n in names)
-    assert len(trainable_parameters(model)) == 2 * len(names)
+    assert len(model.trainable_parameters()) == 2 * len(names)
 
 
 def test_apply_lora_errors_change_nothing():
@@ -454,11 +456,14 @@ def test_apply_lora_errors_change_nothing():
         apply_lora(model, 2, 4.0, targets=("v_proj",), rng=rng)
     apply_lora(model, 2, 4.0, targets=("k_proj",), rng=rng)  # other layers may still be adapted
     assert len(lora_layers(model)) == 6
+    # the earlier adapters stay trainable; the new bases are frozen
+    expected = [p for layer in lora_layers(model).values() for p in (layer.lora_A, layer.lora_B)]
+    assert model.trainable_parameters() == expected
 
 
 def test_functions_need_adapters():
     model = small_models.decoder_only(0)
-    for function in (trainable_parameters, merge_lora, unmerge_lora, lora_state_dict):
+    for function in (merge_lora, unmerge_lora, lora_state_dict, remove_lora):
         with pytest.raises(ValueError, match="model has no LoRA layers"):
             function(model)
 
@@ -501,7 +506,7 @@ def test_trainer_with_clipping_trains_the_adapters_alone():
     apply_lora(
         model, 2, 8.0, targets=("q_proj", "v_proj", "out_proj"), rng=np.random.default_rng(1)
     )
-    trainable = trainable_parameters(model)
+    trainable = model.trainable_parameters()
     adapter_ids = {id(p) for p in trainable}
     before = {name: p.value.copy() for name, p in model.named_parameters()}
     rng = np.random.default_rng(2)
@@ -513,3 +518,158 @@ def test_trainer_with_clipping_trains_the_adapters_alone():
     for name, p in model.named_parameters():  # adapters changed, everything else bitwise not
         assert np.array_equal(p.value, before[name]) != (id(p) in adapter_ids), name
     assert losses[-5:].mean() < losses[:5].mean() - 0.1, losses
+
+
+# ---------------------------------------------------------------- freezing
+def test_apply_lora_freezes_all_but_the_adapters_and_their_gradients_cost_nothing():
+    # not learned positions: positional.py still adds into a frozen table's grad (reported)
+    model, _, _ = _adapted(seed=8, norm_first=True, tie_output=True, positional="sinusoidal")
+    adapters = [p for layer in lora_layers(model).values() for p in (layer.lora_A, layer.lora_B)]
+    assert model.trainable_parameters() == adapters
+    small_models.perturb(model, seed=3)
+    model.zero_grad()
+    model.backward(_loss_and_grad(model)[1])
+    adapter_ids = {id(p) for p in adapters}
+    for name, p in model.named_parameters():  # no frozen layer added anything to its grad
+        assert p.grad.any() == (id(p) in adapter_ids), name
+    with pytest.raises(ValueError, match=r"is frozen .*pass model.trainable_parameters\(\)"):
+        Adam(model.parameters(), lr=1e-3)
+
+
+def test_layer_trains_an_unfrozen_base_and_skips_frozen_adapters():
+    rng = np.random.default_rng(13)
+    layer = _layer(rng, d_in=4, d_out=3, rank=2)
+    x = rng.standard_normal((2, 3, 4))
+    layer.base.unfreeze()  # full fine-tuning and an adapter at once: every gradient is exact
+    errors = check_module_gradients(layer, [x], rng=rng)
+    assert set(errors) == {"input 0", "base.weight", "base.bias", "lora_A", "lora_B"}
+    assert max(errors.values()) < 1e-8, errors
+    upstream = rng.standard_normal((2, 3, 3))
+    layer.forward(x)
+    reference = layer.backward(upstream)
+    layer.freeze()
+    layer.zero_grad()
+    layer.forward(x)
+    assert np.array_equal(layer.backward(upstream), reference)
+    assert not any(p.grad.any() for p in layer.parameters())
+
+
+def _module_at(model, name):
+    """The sub-module at a dotted name such as ``decoder.layers.0.self_attention.layer.q_proj``."""
+    module = model
+    for part in name.split("."):
+        module = module[int(part)] if part.isdigit() else getattr(module, part)
+    return module
+
+
+@pytest.mark.parametrize("merge_first", [False, True])
+def test_remove_lora_merges_restores_the_structure_and_unfreezes_what_apply_lora_froze(
+    merge_first,
+):
+    model = small_models.decoder_only(9)
+    model.decoder.embedding.freeze()  # frozen before apply_lora: stays frozen
+    base = copy.deepcopy(model)
+    names = apply_lora(model, 2, 8.0, rng=np.random.default_rng(109))
+    optimizer = Adam(model.trainable_parameters(), lr=3e-2)
+    for _ in range(5):
+        model.zero_grad()
+        model.backward(_loss_and_grad(model)[1])
+        optimizer.step()
+    logits = model.forward(IDS)
+    layers = lora_layers(model)
+    merged = {name: layer.base.weight.value + layer.delta() for name, layer in layers.items()}
+    if merge_first:
+        merge_lora(model)  # not added a second time
+    assert remove_lora(model) == names
+    assert not lora_layers(model)
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in base.named_parameters()]
+    for name, weight in merged.items():
+        layer = _module_at(model, name)
+        assert layer is layers[name].base
+        assert type(layer) is Linear
+        assert np.array_equal(layer.weight.value, weight)
+    assert np.abs(model.forward(IDS) - logits).max() < 1e-12
+    for (name, p), (_, q) in zip(model.named_parameters(), base.named_parameters(), strict=True):
+        assert p.requires_grad == q.requires_grad, name
+    assert not model.decoder.embedding.weight.requires_grad
+    assert not hasattr(model, "_lora_frozen")
+    with pytest.raises(ValueError, match="model has no LoRA layers"):
+        remove_lora(model)
+
+
+def test_remove_lora_refuses_a_bare_layer():
+    layer = _layer(np.random.default_rng(0))
+    with pytest.raises(ValueError, match="model is itself a LoRALinear"):
+        remove_lora(layer)
+
+
+def test_apply_lora_with_a_bad_setting_freezes_nothing():
+    model = small_models.decoder_only(0)
+    for settings in ({"alpha": 0.0}, {"alpha": 1.0, "dropout": 1.0}, {"alpha": 1.0, "init": "x"}):
+        with pytest.raises((TypeError, ValueError)):
+            apply_lora(model, 2, rng=np.random.default_rng(0), **settings)
+        assert model.trainable_parameters() == model.parameters()
+        assert not lora_layers(model)
+
+
+# ---------------------------------------------------------------- checkpoints
+def test_an_adapted_model_checkpoints_whole_and_resumes_bit_for_bit(tmp_path):
+    model, base, _ = _adapted(seed=10, rank=2, alpha=8.0)
+    optimizer = Adam(model.trainable_parameters(), lr=3e-2)
+
+    def train(model, optimizer, steps):
+        for _ in range(steps):
+            model.zero_grad()
+            model.backward(_loss_and_grad(model)[1])
+            optimizer.step()
+
+    train(model, optimizer, 3)
+    path = save_checkpoint(tmp_path / "adapted.npz", model, optimizer, step=3)
+    saved = read_checkpoint(path)
+    assert any(name.endswith(".lora_A") for name in saved.group("model"))
+    assert saved.metadata["model"]["lora"] == {
+        name: {"rank": 2, "alpha": 8.0, "merged": False} for name in lora_layers(model)
+    }
+    # the same base, adapted the same way (other A's): loading makes it the saved model
+    other = copy.deepcopy(base)
+    apply_lora(other, 2, 8.0, rng=np.random.default_rng(55))
+    other_optimizer = Adam(other.trainable_parameters(), lr=3e-2)
+    load_checkpoint(path, other, other_optimizer)
+    train(model, optimizer, 2)
+    train(other, other_optimizer, 2)
+    for (name, p), (_, q) in zip(model.named_parameters(), other.named_parameters(), strict=True):
+        assert np.array_equal(p.value, q.value), name
+    # a plain model (what load_model builds) is refused, saying what to do instead
+    with pytest.raises(
+        ValueError,
+        match=r"it holds a model with LoRA adapters \(4 layers.*lora_state_dict.*remove_lora",
+    ):
+        load_model(path)
+    with pytest.raises(ValueError, match="LoRA adapters"):
+        load_checkpoint(path, copy.deepcopy(base))
+    # adapters of another alpha, or merged, are refused too: the weights would mean another model
+    for alpha, merge in ((4.0, False), (8.0, True)):
+        mismatched = copy.deepcopy(base)
+        apply_lora(mismatched, 2, alpha, rng=np.random.default_rng(0))
+        if merge:
+            merge_lora(mismatched)
+        with pytest.raises(ValueError, match="its LoRA adapters do not match the model's"):
+            load_checkpoint(path, mismatched)
+    # an ordinary checkpoint into an adapted model
+    plain = save_checkpoint(tmp_path / "plain.npz", base)
+    with pytest.raises(
+        ValueError, match=r"the model has LoRA adapters .* and the checkpoint has none"
+    ):
+        load_checkpoint(plain, other)
+
+
+def test_remove_lora_gives_a_model_that_load_model_loads(tmp_path):
+    model, _, _ = _trained(seed=11, steps=4)
+    model.eval()
+    logits = model.forward(IDS)
+    remove_lora(model)
+    path = save_checkpoint(tmp_path / "merged.npz", model)
+    assert "lora" not in read_checkpoint(path).metadata["model"]
+    loaded = load_model(path)
+    assert np.array_equal(loaded.forward(IDS), model.forward(IDS))
+    assert np.abs(loaded.forward(IDS) - logits).max() < 1e-12

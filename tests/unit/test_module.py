@@ -319,3 +319,67 @@ def test_gradient_checks_leave_frozen_parameters_out():
         return layer.forward(x) * upstream, upstream
 
     assert set(check_parameter_gradients(layer, run)) == {"bias"}
+
+
+# ------------------------------------------------------------ frozen parameters
+def _same(a, b):
+    """Input gradients (an array, a tuple of them, or None) equal bit for bit."""
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a.dtype == b.dtype and np.array_equal(a, b)
+
+
+WITH_PARAMETERS = [name for name, make in LAYERS.items() if make()[0].parameters()]
+
+
+@pytest.mark.parametrize("name", WITH_PARAMETERS)
+def test_a_frozen_parameter_gets_no_gradient_and_changes_no_other_bit(name):
+    module, args, kwargs = LAYERS[name]()
+    rng = np.random.default_rng(8)
+    out = module.forward(*args, **kwargs)
+    upstream = rng.standard_normal(out.shape).astype(out.dtype)
+    module.backward(upstream)
+
+    def run():
+        module.forward(*args, **kwargs)
+        return module.backward(upstream)
+
+    module.zero_grad()
+    reference_input = run()
+    reference = {n: p.grad.copy() for n, p in module.named_parameters()}
+    sentinel = 7.0  # what a frozen parameter's grad holds before, and must hold after
+    for frozen_name, frozen in module.named_parameters():
+        frozen.requires_grad = False
+        module.zero_grad()
+        frozen.grad.fill(sentinel)
+        assert _same(run(), reference_input), frozen_name  # the input gradient is unchanged
+        assert (frozen.grad == sentinel).all(), frozen_name  # no work done for it
+        for n, p in module.named_parameters():
+            if p is not frozen:
+                assert np.array_equal(p.grad, reference[n]), (frozen_name, n)
+        frozen.requires_grad = True
+    module.freeze()
+    for p in module.parameters():
+        p.grad.fill(sentinel)
+    assert _same(run(), reference_input)
+    assert all((p.grad == sentinel).all() for p in module.parameters())
+    module.unfreeze()
+    module.zero_grad()
+    assert _same(run(), reference_input)
+    assert all(np.array_equal(p.grad, reference[n]) for n, p in module.named_parameters())
+
+
+def test_freeze_unfreeze_and_trainable_parameters():
+    pair = Pair()
+    assert pair.trainable_parameters() == pair.parameters()
+    assert pair.layers[0].freeze() is pair.layers[0]
+    assert pair.trainable_parameters() == [pair.first.w]
+    assert "frozen" in repr(pair.layers[0].w)
+    assert "frozen" not in repr(pair.first.w)
+    pair.layers[1].freeze()  # tied to first: a shared parameter is frozen for both users
+    assert pair.trainable_parameters() == []
+    assert pair.num_parameters() == 6  # frozen parameters still count
+    assert pair.unfreeze() is pair
+    assert all(p.requires_grad for p in pair.parameters())

@@ -9,7 +9,7 @@ import pytest
 
 from tinyformer import functional as F
 from tinyformer.blocks import TransformerBlock
-from tinyformer.feedforward import FEED_FORWARDS
+from tinyformer.feedforward import FEED_FORWARDS, make_feed_forward
 from tinyformer.gradcheck import check_module_gradients, max_relative_error, numerical_gradient
 from tinyformer.module import no_grad
 from tinyformer.moe import MixtureOfExperts, expert_capacity, moe_parameters
@@ -413,11 +413,8 @@ def test_input_and_gradient_errors(rng):
 
 
 # ------------------------------------------------------------ in a transformer
-def test_a_registry_entry_runs_it_inside_a_transformer_block(rng, monkeypatch):
-    def moe(d_model, d_ff, **options):
-        return MixtureOfExperts(d_model, d_ff, 4, top_k=2, capacity_factor=1.25, **options)
-
-    monkeypatch.setitem(FEED_FORWARDS, "moe", moe)
+def test_the_registry_entry_runs_it_inside_a_transformer_block(rng):
+    assert "moe" in FEED_FORWARDS
     block = TransformerBlock(
         8,
         2,
@@ -428,9 +425,18 @@ def test_a_registry_entry_runs_it_inside_a_transformer_block(rng, monkeypatch):
         feed_forward="moe",
         activation="silu",
         bias=False,
+        n_experts=4,
+        experts_per_token=2,
+        expert_feed_forward="plain",
+        expert_capacity_factor=1.25,
+        router_aux_loss_weight=0.01,
     )
     layer = block.feed_forward.layer
     assert isinstance(layer, MixtureOfExperts)
+    assert (layer.n_experts, layer.top_k, layer.feed_forward) == (4, 2, "plain")
+    assert (layer.capacity_factor, layer.aux_loss_weight) == (1.25, 0.01)
+    assert layer.experts[0].activation == "silu"
+    assert layer.experts[0].linear_in.bias is None
     names = [n for n, _ in block.named_parameters()]
     assert "feed_forward.layer.router.weight" in names
     assert "feed_forward.layer.experts.3.linear_out.weight" in names
@@ -441,6 +447,32 @@ def test_a_registry_entry_runs_it_inside_a_transformer_block(rng, monkeypatch):
     grad = block.backward(rng.standard_normal(x.shape))
     assert grad.shape == x.shape
     assert np.abs(layer.router.weight.grad).max() > 0
+
+
+def test_the_registry_refuses_missing_and_foreign_options(rng):
+    common = {"rng": rng, "activation": "relu", "dropout": 0.0, "bias": True, "dtype": np.float64}
+    with pytest.raises(TypeError, match="feed-forward kind 'moe' needs n_experts"):
+        make_feed_forward("moe", 4, 6, **common)
+    with pytest.raises(
+        TypeError, match=r"feed-forward kind 'gated' takes no option\(s\) \['n_exp"
+    ):
+        make_feed_forward("gated", 4, 6, n_experts=2, **common)
+    with pytest.raises(TypeError, match=r"kind 'moe' takes no option\(s\) \['experts'\]"):
+        make_feed_forward("moe", 4, 6, n_experts=2, experts=3, **common)
+    with pytest.raises(ValueError, match="n_experts must be None unless feed_forward='moe'"):
+        TransformerBlock(8, 2, 6, rng=rng, n_experts=4)
+    with pytest.raises(ValueError, match="top_k must be at most n_experts"):
+        TransformerBlock(8, 2, 6, rng=rng, feed_forward="moe", n_experts=2, experts_per_token=3)
+    made = make_feed_forward("moe", 4, 6, n_experts=3, top_k=1, **common)
+    direct = MixtureOfExperts(
+        4,
+        6,
+        3,
+        top_k=1,
+        rng=np.random.default_rng(0),
+        **{k: v for k, v in common.items() if k != "rng"},
+    )
+    assert [n for n, _ in made.named_parameters()] == [n for n, _ in direct.named_parameters()]
 
 
 def test_softmax_matches_the_library_softmax(rng):

@@ -485,3 +485,30 @@ def test_clip_grad_norm_agrees_with_torch(max_norm, rng, torch):
     assert math.isclose(ours, float(theirs), rel_tol=1e-14)
     for p, t in zip(params, tensors, strict=True):
         np.testing.assert_allclose(p.grad, t.grad.numpy(), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_frozen_parameter_is_refused_when_given_and_when_frozen_later(name):
+    rng = np.random.default_rng(0)
+    params = _params(rng)
+    params[1].requires_grad = False
+    with pytest.raises(
+        ValueError,
+        match=r"parameters\[1\] \(shape \(4,\)\) is frozen \(requires_grad=False\); 1 of the 2"
+        r" .*pass model.trainable_parameters\(\) rather than model.parameters\(\)",
+    ):
+        OPTIMIZERS[name](params)
+    params[1].requires_grad = True
+    opt = OPTIMIZERS[name](params)
+    _run(opt, rng, 2)
+    params[0].requires_grad = False  # frozen after the optimizer was made
+    before = [p.value.copy() for p in params]
+    state = opt.state_dict()
+    _set_grads(params, rng)
+    with pytest.raises(ValueError, match=r"parameters\[0\] .* is frozen .* since the optimizer"):
+        opt.step()
+    assert all(np.array_equal(p.value, b) for p, b in zip(params, before, strict=True))
+    assert opt.step_count == state["step"]  # nothing moved, not even the count
+    params[0].requires_grad = True
+    opt.step()
+    assert opt.step_count == state["step"] + 1

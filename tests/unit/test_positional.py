@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinyformer.gradcheck import check_module_gradients
+from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
 from tinyformer.optim import AdamW
 from tinyformer.positional import (
     LearnedPositionalEmbedding,
@@ -18,6 +19,7 @@ from tinyformer.positional import (
     distance_to_seen,
     fit_shift_matrix,
     halves_permutation,
+    ntk_rotary_base,
     rotary_frequencies,
     sinusoidal_encoding,
     sinusoidal_encoding_at,
@@ -397,3 +399,104 @@ def test_bad_input_is_named(call, error, words):
     with pytest.raises(error) as info:
         call()
     assert words in str(info.value)
+
+
+# ------------------------------------------------------------ rotary scaling for longer contexts
+@pytest.mark.parametrize("factor", [2.0, 4.0, 2.5])
+@pytest.mark.parametrize("layout", ["adjacent", "halves"])
+def test_position_interpolation_rotates_position_t_as_t_over_s(factor, layout):
+    """Chen et al.: at factor s, position t gets the unscaled rotation of position t / s."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 6, 8))
+    u = np.array([0, 2, 4, 8, 100, 2048])  # unscaled positions, even: u * 2.5 is whole
+    t = (u * factor).astype(np.int64)  # the stretched context's positions, t / s = u exactly
+    scaled = apply_rotary(x, t, scaling="linear", scaling_factor=factor, layout=layout)
+    np.testing.assert_array_equal(scaled, apply_rotary(x, u, layout=layout))
+    # in between: the frequencies are divided by s, so position 1 turns by omega / s
+    freqs = rotary_frequencies(8)
+    np.testing.assert_allclose(
+        rotary_frequencies(8, scaling="linear", scaling_factor=factor), freqs / factor, rtol=1e-15
+    )
+    assert not np.array_equal(scaled, apply_rotary(x, t, layout=layout))  # it did change
+
+
+@pytest.mark.parametrize("factor", [2.0, 8.0, 0.5])
+@pytest.mark.parametrize("d", [4, 8, 128])
+def test_ntk_scaling_keeps_the_fastest_pair_and_slows_the_slowest_by_s(factor, d):
+    plain = rotary_frequencies(d, 500.0)
+    ntk = rotary_frequencies(d, 500.0, scaling="ntk", scaling_factor=factor)
+    assert ntk[0] == plain[0] == 1.0  # the fastest pair: unchanged
+    np.testing.assert_allclose(ntk[-1], plain[-1] / factor, rtol=1e-12)  # the slowest: / s
+    # in between, pair i is slowed by s^(2i/(d-2)): monotone from 1 to s
+    i = np.arange(d // 2)
+    np.testing.assert_allclose(plain / ntk, factor ** (2 * i / (d - 2)), rtol=1e-12)
+    assert ntk_rotary_base(500.0, d, factor) == pytest.approx(500.0 * factor ** (d / (d - 2)))
+    x = np.random.default_rng(1).standard_normal((3, d))
+    np.testing.assert_array_equal(
+        apply_rotary(x, scaling="ntk", scaling_factor=factor, base=500.0),
+        apply_rotary(x, base=ntk_rotary_base(500.0, d, factor)),
+    )
+
+
+@pytest.mark.parametrize("scaling", ["linear", "ntk"])
+def test_scaled_rotary_layer_rotates_back_in_backward(rng, scaling):
+    layer = RotaryEmbedding(6, base=100.0, scaling=scaling, scaling_factor=3.0)
+    x = rng.standard_normal((2, 5, 6))
+    y = layer.forward(x, start=4)
+    np.testing.assert_array_equal(
+        y, apply_rotary(x, np.arange(4, 9), base=100.0, scaling=scaling, scaling_factor=3.0)
+    )
+    np.testing.assert_allclose(layer.backward(y), x, rtol=0, atol=1e-14)  # orthogonal
+    errors = check_module_gradients(
+        RotaryEmbedding(6, scaling=scaling, scaling_factor=3.0), [x], rng=rng
+    )
+    assert max(errors.values()) < 1e-8, errors
+    assert RotaryEmbedding(6, scaling=scaling, scaling_factor=1.0).forward(x).dtype == x.dtype
+    x32 = x.astype(np.float32)
+    assert apply_rotary(x32, scaling=scaling, scaling_factor=2.0).dtype == np.float32
+
+
+def test_unscaled_calls_are_unchanged():
+    x = np.random.default_rng(2).standard_normal((4, 8))
+    np.testing.assert_array_equal(
+        apply_rotary(x, scaling="linear", scaling_factor=1.0), apply_rotary(x)
+    )
+    np.testing.assert_array_equal(
+        apply_rotary(x, scaling="ntk", scaling_factor=1.0), apply_rotary(x)
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda: rotary_frequencies(8, scaling="yarn"), ValueError, "scaling must be None or one"),
+        (lambda: apply_rotary(np.zeros((2, 4)), scaling="ntk", scaling_factor=0), ValueError,
+         "scaling_factor must be a finite positive number"),
+        (lambda: RotaryEmbedding(4, scaling="linear", scaling_factor="2"), TypeError,
+         "scaling_factor must be a positive number"),
+        (lambda: RotaryEmbedding(2, scaling="ntk", scaling_factor=2.0), ValueError,
+         "d must be at least 4 for NTK scaling"),
+        (lambda: ntk_rotary_base(-1.0, 8, 2.0), ValueError, "base must be a finite positive"),
+    ],
+)  # fmt: skip
+def test_rotary_scaling_errors_name_the_argument(call, error, words):
+    with pytest.raises(error, match=words):
+        call()
+
+
+def test_ntk_scaling_in_a_model_changes_the_base_of_every_attention_layer():
+    sizes = {"d_model": 16, "n_heads": 2, "d_ff": 8, "context_length": 12, "positional": "rotary"}
+    scaled_config = DecoderOnlyConfig(9, **sizes, rotary_scaling="ntk", rotary_scaling_factor=4)
+    expected = ntk_rotary_base(10000.0, 8, 4.0)
+    assert scaled_config.rotary_frequency_base == expected
+    scaled = DecoderOnlyLM(scaled_config, rng=np.random.default_rng(0))
+    same = DecoderOnlyLM(
+        DecoderOnlyConfig(9, **sizes, rotary_base=expected), rng=np.random.default_rng(0)
+    )
+    plain = DecoderOnlyLM(DecoderOnlyConfig(9, **sizes), rng=np.random.default_rng(0))
+    for block in scaled.decoder.layers:
+        assert block.self_attention.layer.rotary_base == expected
+    ids = np.random.default_rng(1).integers(0, 9, (2, 12))
+    np.testing.assert_array_equal(scaled.forward(ids), same.forward(ids))
+    assert not np.allclose(scaled.forward(ids), plain.forward(ids))
+    assert DecoderOnlyConfig(9, **sizes).rotary_frequency_base == 10000.0

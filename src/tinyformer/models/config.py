@@ -36,6 +36,7 @@ import numpy as np
 
 from tinyformer._validation import (
     describe,
+    non_negative_float,
     non_negative_int,
     one_of,
     positive_float,
@@ -45,7 +46,7 @@ from tinyformer._validation import (
 from tinyformer.feedforward import ACTIVATIONS, FEED_FORWARDS
 from tinyformer.multihead import kv_heads as _kv_heads
 from tinyformer.norm import NORMS
-from tinyformer.positional import ROTARY_LAYOUTS
+from tinyformer.positional import ROTARY_LAYOUTS, ROTARY_SCALINGS, ntk_rotary_base
 
 __all__ = [
     "ATTENTION_SCALES",
@@ -205,10 +206,27 @@ class TransformerConfig(_Serializable):
     norm_eps : float
         The norm's :math:`\epsilon` (PyTorch's LayerNorm default, ``1e-5``).
     feed_forward : str
-        ``"plain"`` (:math:`\phi(x W_1) W_2`) or ``"gated"`` (GLU: SwiGLU with
-        ``activation="silu"``), from :data:`tinyformer.feedforward.FEED_FORWARDS`.
+        ``"plain"`` (:math:`\phi(x W_1) W_2`), ``"gated"`` (GLU: SwiGLU with
+        ``activation="silu"``) or ``"moe"`` (a mixture of experts, each of width
+        ``d_ff``: :class:`~tinyformer.moe.MixtureOfExperts`), from
+        :data:`tinyformer.feedforward.FEED_FORWARDS`.
     activation : str
-        ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
+        ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"`` (the experts' too).
+    n_experts : int or None
+        The number of experts of every block's mixture of experts: required
+        with ``feed_forward="moe"`` and ``None`` (the default) otherwise.
+    experts_per_token : int
+        The experts each token is routed to, :math:`k \le` ``n_experts``
+        (2, as in Mixtral, by default; read only with ``feed_forward="moe"``).
+    expert_feed_forward : str
+        Each expert's kind, ``"gated"`` (the default) or ``"plain"``.
+    expert_capacity_factor : float or None
+        The experts' capacity factor :math:`c > 0` (each takes at most
+        :math:`\lceil c N k / E \rceil` of the :math:`N` tokens of a forward pass);
+        ``None`` (the default) drops nothing.
+    router_aux_loss_weight : float
+        Weight :math:`\ge 0` of each block's load-balancing loss in the training
+        objective (0 by default: none).
     bias : bool
         Biases in the attention projections and the feed-forward layers.
     n_kv_heads : int or None
@@ -230,6 +248,17 @@ class TransformerConfig(_Serializable):
         (:math:`(2i, 2i+1)`, the default) or ``"halves"`` (:math:`(i, i + d_k/2)`,
         Hugging Face's layout); :func:`~tinyformer.positional.convert_rotary_layout`
         converts trained weights between them.
+    rotary_scaling : str or None
+        Stretch the rotary positions to a context ``rotary_scaling_factor`` times
+        longer than the one trained on: ``"ntk"`` (NTK-aware, the base becomes
+        :math:`\text{base}\cdot s^{d_k/(d_k-2)}`, see
+        :func:`~tinyformer.positional.ntk_rotary_base`) or ``None`` (the default).
+        ``"linear"`` (position interpolation :cite:p:`chen2023extending`) is
+        provided by :func:`~tinyformer.positional.apply_rotary` and
+        :class:`~tinyformer.positional.RotaryEmbedding` but not yet by the
+        attention layers, so a configuration refuses it.
+    rotary_scaling_factor : float
+        The stretch :math:`s > 0`; 1.0 unless ``rotary_scaling`` is set.
     attention_scale : str
         ``"sqrt"``: every attention layer multiplies its scores by :math:`1/\sqrt{d_k}`;
         ``"none"``: by 1 (an ablation).
@@ -252,11 +281,18 @@ class TransformerConfig(_Serializable):
     norm_eps: float = 1e-5
     feed_forward: str = "plain"
     activation: str = "gelu"
+    n_experts: int | None = None
+    experts_per_token: int = 2
+    expert_feed_forward: str = "gated"
+    expert_capacity_factor: float | None = None
+    router_aux_loss_weight: float = 0.0
     bias: bool = True
     n_kv_heads: int | None = None
     positional: str = "learned"
     rotary_base: float = 10000.0
     rotary_layout: str = "adjacent"
+    rotary_scaling: str | None = None
+    rotary_scaling_factor: float = 1.0
     attention_scale: str = "sqrt"
     tie_output: bool = True
     scale_embeddings: bool = False
@@ -281,6 +317,7 @@ class TransformerConfig(_Serializable):
         _set(self, "norm_eps", positive_float(self.norm_eps, "norm_eps"))
         one_of(self.norm, tuple(NORMS), "norm")
         one_of(self.feed_forward, tuple(FEED_FORWARDS), "feed_forward")
+        self._check_experts()
         one_of(self.activation, ACTIVATIONS, "activation")
         one_of(self.positional, POSITIONS, "positional")
         one_of(self.attention_scale, ATTENTION_SCALES, "attention_scale")
@@ -299,6 +336,64 @@ class TransformerConfig(_Serializable):
                 f"positional='rotary' needs an even head size d_k = d_model / n_heads, got"
                 f" d_model={self.d_model} / n_heads={self.n_heads} = {self.d_k}"
             )
+        self._check_rotary_scaling()
+
+    def _check_rotary_scaling(self) -> None:
+        """Check ``rotary_scaling`` and its factor."""
+        factor = positive_float(self.rotary_scaling_factor, "rotary_scaling_factor")
+        _set(self, "rotary_scaling_factor", factor)
+        if self.rotary_scaling is None:
+            if factor != 1.0:
+                raise ValueError(
+                    f"rotary_scaling_factor must be 1.0 when rotary_scaling is None, got {factor}"
+                )
+            return
+        one_of(self.rotary_scaling, ROTARY_SCALINGS, "rotary_scaling")
+        if self.positional != "rotary":
+            raise ValueError(
+                f"rotary_scaling={self.rotary_scaling!r} needs positional='rotary', got"
+                f" positional={self.positional!r}"
+            )
+        if self.rotary_scaling == "linear":
+            raise ValueError(
+                "rotary_scaling='linear' (position interpolation) is not applied by the attention"
+                " layers yet: use 'ntk', or tinyformer.positional.apply_rotary(...,"
+                " scaling='linear') directly"
+            )
+        if self.d_k < 4:
+            raise ValueError(f"rotary_scaling='ntk' needs a head size d_k >= 4, got {self.d_k}")
+
+    @property
+    def rotary_frequency_base(self) -> float:
+        """The base the rotary positions use: ``rotary_base``, changed by NTK-aware scaling."""
+        if self.rotary_scaling == "ntk":
+            return ntk_rotary_base(self.rotary_base, self.d_k, self.rotary_scaling_factor)
+        return self.rotary_base
+
+    def _check_experts(self) -> None:
+        """Check the mixture-of-experts fields (``n_experts`` exactly when ``feed_forward="moe"``)."""
+        moe = self.feed_forward == "moe"
+        if moe and self.n_experts is None:
+            raise ValueError("n_experts is required with feed_forward='moe', got None")
+        if not moe and self.n_experts is not None:
+            raise ValueError(
+                f"n_experts must be None unless feed_forward='moe', got n_experts="
+                f"{self.n_experts!r} with feed_forward={self.feed_forward!r}"
+            )
+        if moe:
+            _set(self, "n_experts", positive_int(self.n_experts, "n_experts"))
+        _set(self, "experts_per_token", positive_int(self.experts_per_token, "experts_per_token"))
+        if moe and self.experts_per_token > self.n_experts:
+            raise ValueError(
+                f"experts_per_token must be at most n_experts={self.n_experts},"
+                f" got {self.experts_per_token}"
+            )
+        one_of(self.expert_feed_forward, ("gated", "plain"), "expert_feed_forward")
+        if self.expert_capacity_factor is not None:
+            factor = positive_float(self.expert_capacity_factor, "expert_capacity_factor")
+            _set(self, "expert_capacity_factor", factor)
+        weight = non_negative_float(self.router_aux_loss_weight, "router_aux_loss_weight")
+        _set(self, "router_aux_loss_weight", weight)
 
     def __repr__(self) -> str:
         """The family's own fields first (vocabularies, layers), then the shared options."""

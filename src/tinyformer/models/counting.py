@@ -12,6 +12,9 @@ With :math:`d` the width, :math:`d_\text{ff}` the feed-forward width and
 - one feed-forward sub-layer: :math:`2 d\,d_\text{ff} + d_\text{ff} + d`
   (:math:`2 d\,d_\text{ff}` without biases; gated: :math:`3 d\,d_\text{ff}`, see
   :func:`gated_feed_forward_parameters`);
+- a mixture of experts (``feed_forward="moe"``): a router of :math:`dE` weights and
+  :math:`E` feed-forward networks (:func:`~tinyformer.moe.moe_parameters`), of which a token
+  uses the router and :math:`k` (:func:`active_parameter_count`);
 - one norm: :math:`2d` for LayerNorm (gain and bias), :math:`d` for RMSNorm (gain);
 - an untied output projection: :math:`d V` (it has no bias; tied: 0).
 
@@ -35,9 +38,11 @@ import numpy as np
 
 from tinyformer._validation import describe, positive_int
 from tinyformer.models.config import DecoderOnlyConfig, EncoderDecoderConfig, EncoderOnlyConfig
+from tinyformer.moe import moe_parameters
 
 __all__ = [
     "PublishedSize",
+    "active_parameter_count",
     "attention_parameters",
     "bert_config",
     "bert_extra_terms",
@@ -50,6 +55,7 @@ __all__ = [
     "kv_cache_bytes_per_token",
     "llama2_config",
     "mistral_7b_config",
+    "mixtral_8x7b_config",
     "modern_sizes",
     "norm_parameters",
     "parameter_count",
@@ -148,22 +154,53 @@ def norm_parameters(d_model: int, kind: str = "layernorm") -> int:
     return 2 * d_model if kind == "layernorm" else d_model
 
 
-def _block_parts(c: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig):
-    """Parameters of one attention sub-layer, one feed-forward sub-layer and one norm."""
+def _feed_forward_sizes(
+    c: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig,
+) -> tuple[int, int]:
+    """``(all, active per token)`` parameters of one feed-forward sub-layer."""
+    if c.feed_forward == "moe":
+        return moe_parameters(
+            c.d_model,
+            c.d_ff,
+            c.n_experts,
+            top_k=c.experts_per_token,
+            feed_forward=c.expert_feed_forward,
+            bias=c.bias,
+        )
     feed_forward = (
         gated_feed_forward_parameters if c.feed_forward == "gated" else feed_forward_parameters
     )
+    size = feed_forward(c.d_model, c.d_ff, bias=c.bias)
+    return size, size
+
+
+def _block_parts(c: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig, *, active=False):
+    """Parameters of one attention sub-layer, one feed-forward sub-layer and one norm.
+
+    ``active``: the feed-forward sub-layer's parameters one token uses (a mixture
+    of experts: the router's and ``experts_per_token`` experts').
+    """
     return (
         attention_parameters(c.d_model, bias=c.bias, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads),
-        feed_forward(c.d_model, c.d_ff, bias=c.bias),
+        _feed_forward_sizes(c)[1 if active else 0],
         norm_parameters(c.d_model, c.norm),
     )
 
 
 def parameter_terms(
-    config: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig,
+    config: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig, *, active: bool = False
 ) -> dict[str, int]:
     """The parameter count of a model with this ``config``, split into named terms.
+
+    Parameters
+    ----------
+    config : EncoderDecoderConfig, DecoderOnlyConfig or EncoderOnlyConfig
+    active : bool
+        Count, in each block, only the feed-forward parameters one token uses:
+        with ``feed_forward="moe"``, the router and ``experts_per_token`` of the
+        ``n_experts`` experts (:func:`~tinyformer.moe.moe_parameters`); other
+        feed-forward networks use all of theirs. The embedding tables count whole,
+        as in the published "active parameters" of Mixtral.
 
     Returns
     -------
@@ -172,19 +209,21 @@ def parameter_terms(
         this configuration (e.g. ``"output projection"`` when tied) are present
         with the value 0, so the table always has the same rows.
     """
+    if not isinstance(active, bool):
+        raise TypeError(f"active must be True or False, got {describe(active)}")
     if isinstance(config, EncoderDecoderConfig):
-        return _encoder_decoder_terms(config)
+        return _encoder_decoder_terms(config, active)
     if isinstance(config, DecoderOnlyConfig | EncoderOnlyConfig):
-        return _decoder_only_terms(config)
+        return _decoder_only_terms(config, active)
     raise TypeError(
         f"config must be an EncoderDecoderConfig or a DecoderOnlyConfig (or an"
         f" EncoderOnlyConfig), got {describe(config)}"
     )
 
 
-def _encoder_decoder_terms(c: EncoderDecoderConfig) -> dict[str, int]:
+def _encoder_decoder_terms(c: EncoderDecoderConfig, active: bool) -> dict[str, int]:
     d = c.d_model
-    attention, ffn, norm = _block_parts(c)
+    attention, ffn, norm = _block_parts(c, active=active)
     learned = c.positional == "learned"
     return {
         "source embedding": c.src_vocab_size * d,
@@ -198,10 +237,10 @@ def _encoder_decoder_terms(c: EncoderDecoderConfig) -> dict[str, int]:
     }
 
 
-def _decoder_only_terms(c: DecoderOnlyConfig | EncoderOnlyConfig) -> dict[str, int]:
+def _decoder_only_terms(c: DecoderOnlyConfig | EncoderOnlyConfig, active: bool) -> dict[str, int]:
     """One stack of blocks with one attention each: decoder-only and encoder-only alike."""
     d = c.d_model
-    attention, ffn, norm = _block_parts(c)
+    attention, ffn, norm = _block_parts(c, active=active)
     return {
         "token embedding": c.vocab_size * d,
         "positions": c.context_length * d if c.positional == "learned" else 0,
@@ -218,6 +257,18 @@ def parameter_count(config: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOn
     of :func:`~tinyformer.models.counting.parameter_terms`.
     """
     return sum(parameter_terms(config).values())
+
+
+def active_parameter_count(
+    config: EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig,
+) -> int:
+    """Parameters a token uses: :func:`parameter_count` with each mixture of experts' idle experts left out.
+
+    Each block's mixture of experts counts its router and ``experts_per_token``
+    experts (see :func:`parameter_terms` with ``active=True``); a model without
+    one uses every parameter, and the count equals :func:`parameter_count`.
+    """
+    return sum(parameter_terms(config, active=True).values())
 
 
 # ------------------------------------------------------------ published sizes
@@ -265,9 +316,9 @@ def llama2_config(size: str) -> DecoderOnlyConfig:
     A 32,000-token vocabulary, 4,096 positions, pre-norm RMSNorm blocks
     (:math:`\epsilon = 10^{-5}`), SwiGLU feed-forward networks, rotary positions
     (base 10,000), no biases and an untied output projection. 7B: :math:`d = 4096`,
-    32 layers of 32 heads, :math:`d_	ext{ff} = 11008`. 70B: :math:`d = 8192`, 80
+    32 layers of 32 heads, :math:`d_\text{ff} = 11008`. 70B: :math:`d = 8192`, 80
     layers of 64 query heads sharing 8 key/value heads (grouped-query attention),
-    :math:`d_	ext{ff} = 28672`. The released weights use the adjacent rotary layout
+    :math:`d_\text{ff} = 28672`. The released weights use the adjacent rotary layout
     (Meta's code); Hugging Face's copies are converted to the halves layout
     (see :func:`~tinyformer.positional.convert_rotary_layout`). Too large to build here:
     count it with :func:`parameter_count`.
@@ -285,7 +336,7 @@ def mistral_7b_config() -> DecoderOnlyConfig:
     r"""Mistral 7B's architecture :cite:p:`jiang2023mistral`.
 
     Llama's layout (:func:`llama2_config`) with :math:`d = 4096`, 32 layers of 32
-    query heads sharing 8 key/value heads, :math:`d_	ext{ff} = 14336`, a
+    query heads sharing 8 key/value heads, :math:`d_\text{ff} = 14336`, a
     32,000-token vocabulary and a context of 32,768 positions. Its sliding-window
     attention (each layer sees the last 4,096 positions) adds no parameters and is
     not modelled here.
@@ -301,12 +352,45 @@ def mistral_7b_config() -> DecoderOnlyConfig:
     )
 
 
+def mixtral_8x7b_config() -> DecoderOnlyConfig:
+    r"""Mixtral 8x7B's architecture :cite:p:`jiang2024mixtral`.
+
+    Mistral 7B's layout and attention (:func:`mistral_7b_config`: :math:`d = 4096`,
+    32 layers of 32 query heads sharing 8 key/value heads) with every feed-forward
+    network replaced by a mixture of 8 SwiGLU experts of width 14,336, each token
+    routed to 2 of them; rotary base :math:`10^6`, a 32,768-token context. Every
+    token uses the router and 2 experts, about 13B of the 47B parameters
+    (:func:`active_parameter_count`).
+    """
+    return DecoderOnlyConfig(
+        vocab_size=32000,
+        context_length=32768,
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=14336,
+        norm_first=True,
+        norm="rmsnorm",
+        norm_eps=1e-5,
+        feed_forward="moe",
+        n_experts=8,
+        experts_per_token=2,
+        expert_feed_forward="gated",
+        activation="silu",
+        bias=False,
+        positional="rotary",
+        rotary_base=1e6,
+        tie_output=False,
+    )
+
+
 def kv_cache_bytes_per_token(
     config: DecoderOnlyConfig, bytes_per_element: int | None = None
 ) -> int:
     r"""Bytes of key/value cache a decoder-only model keeps for each token of context.
 
-    .. math:: 2\, L\, h_{kv}\, d_k \cdot 	ext{bytes per element}
+    .. math:: 2\, L\, h_{kv}\, d_k \cdot \text{bytes per element}
 
     (a key and a value of :math:`h_{kv} d_k` numbers in each of :math:`L` layers).
     Grouped-query attention divides it by :math:`h / h_{kv}`, multi-query attention by :math:`h`.
@@ -405,17 +489,19 @@ def published_sizes() -> list[PublishedSize]:
 
 
 def modern_sizes() -> list[PublishedSize]:
-    """Llama 2 7B and 70B and Mistral 7B, with the sizes their papers name and release holds.
+    """Llama 2 7B and 70B, Mistral 7B and Mixtral 8x7B, with the sizes their papers name and release holds.
 
     :cite:t:`touvron2023llama2` name the models 7B and 70B; :cite:t:`jiang2023mistral`,
-    7B. The released checkpoints hold exactly 6,738,415,616, 68,976,648,192 and
-    7,241,732,096 parameters (the sums of the tensors in the published weights),
-    which :func:`parameter_count` reproduces.
+    7B; :cite:t:`jiang2024mixtral` give Mixtral 47B parameters, 13B of them active
+    per token. The released checkpoints hold exactly 6,738,415,616, 68,976,648,192,
+    7,241,732,096 and 46,702,792,704 parameters (the sums of the tensors in the
+    published weights), which :func:`parameter_count` reproduces.
     """
     return [
         PublishedSize("Llama 2 7B", llama2_config("7b"), 7_000_000_000, 6_738_415_616),
         PublishedSize("Llama 2 70B", llama2_config("70b"), 70_000_000_000, 68_976_648_192),
         PublishedSize("Mistral 7B", mistral_7b_config(), 7_000_000_000, 7_241_732_096),
+        PublishedSize("Mixtral 8x7B", mixtral_8x7b_config(), 47_000_000_000, 46_702_792_704),
     ]
 
 

@@ -88,10 +88,15 @@ class TransformerStack(Module):
                 activation=c.activation,
                 bias=c.bias,
                 rotary=c.positional == "rotary",
-                rotary_base=c.rotary_base,
+                rotary_base=c.rotary_frequency_base,  # rotary_base unless NTK-scaled
                 rotary_layout=c.rotary_layout,
                 scale=c.score_scale,
                 n_kv_heads=c.n_kv_heads,
+                n_experts=c.n_experts,
+                experts_per_token=c.experts_per_token,
+                expert_feed_forward=c.expert_feed_forward,
+                expert_capacity_factor=c.expert_capacity_factor,
+                router_aux_loss_weight=c.router_aux_loss_weight,
                 dtype=dtype,
             )
             for _ in range(n_layers)

@@ -12,6 +12,10 @@ model family:
   windows (``targets[:, t]`` follows ``inputs[:, t]``).
 
 Label smoothing is a keyword of both; bind it with ``functools.partial``.
+A model with mixtures of experts whose load-balancing loss has a weight
+(``router_aux_loss_weight`` > 0) adds, in training, the weighted auxiliary
+losses to the reported loss: the layers' backward passes already add their
+gradients, so the loss reported is the one differentiated.
 If the logits are not finite (a NaN or infinite weight upstream), the
 objective does not call the loss at all: it returns a NaN loss and skips the
 backward pass, so that the loop can stop with a clear error before any update.
@@ -28,13 +32,14 @@ import numpy as np
 from tinyformer._validation import describe, token_ids
 from tinyformer.data import Batch
 from tinyformer.losses import cross_entropy
+from tinyformer.moe import MixtureOfExperts
 
 __all__ = ["Objective", "StepResult", "lm_loss", "seq2seq_loss"]
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """The outcome of one batch.
+    r"""The outcome of one batch.
 
     Attributes
     ----------
@@ -45,11 +50,18 @@ class StepResult:
         How many label positions counted (padding excluded).
     n_correct : int
         How many of them the model's argmax predicted.
+    aux_loss : float
+        The weighted auxiliary losses of the model's mixtures of experts,
+        :math:`\sum_\ell w\, L_{\text{aux}, \ell}` over the layers with a weight
+        :math:`w > 0` (0 for a model without any). A training step (``backward``)
+        includes it in ``loss``; an evaluation (no backward) reports the
+        cross-entropy alone in ``loss``.
     """
 
     loss: float
     n_tokens: int
     n_correct: int
+    aux_loss: float = 0.0
 
     @property
     def accuracy(self) -> float:
@@ -62,6 +74,22 @@ class Objective(Protocol):
 
     def __call__(self, model: Any, batch: Any, *, backward: bool = True) -> StepResult:
         """Score ``batch`` with ``model``; with ``backward``, add the loss gradient to the parameters."""
+
+
+def _auxiliary_loss(model: Any) -> float | None:
+    """Sum of ``aux_loss_weight * aux_loss`` over the model's mixtures of experts, or None.
+
+    None when the model has no mixture of experts with a positive weight (then the
+    loss is left exactly as the cross-entropy computed it).
+    """
+    modules = getattr(model, "modules", None)
+    if modules is None:
+        return None
+    total = None
+    for m in modules():
+        if isinstance(m, MixtureOfExperts) and m.aux_loss_weight and m.routing is not None:
+            total = (total or 0.0) + m.aux_loss_weight * m.aux_loss
+    return total
 
 
 def _score(
@@ -82,9 +110,12 @@ def _score(
         logits, targets, ignore_index=ignore_index, label_smoothing=label_smoothing
     )
     n_correct = int(((logits.argmax(axis=-1) == targets) & counted).sum())
+    aux = _auxiliary_loss(model)
     if backward:
         model.backward(grad_logits)
-    return StepResult(loss, n_tokens, n_correct)
+    if aux is None:
+        return StepResult(loss, n_tokens, n_correct)
+    return StepResult(loss + aux if backward else loss, n_tokens, n_correct, aux)
 
 
 def seq2seq_loss(

@@ -310,8 +310,27 @@ COMMON_BAD = [
     ("norm_eps", -1e-5, ValueError, "norm_eps must be a finite positive number"),
     ("norm_eps", float("nan"), ValueError, "norm_eps must be a finite positive number, got nan"),
     ("norm_eps", "1e-5", TypeError, "norm_eps must be a positive number, got str"),
-    ("feed_forward", "moe", ValueError, "feed_forward must be one of 'plain', 'gated', got 'moe'"),
-    ("feed_forward", True, ValueError, "feed_forward must be one of 'plain', 'gated'"),
+    (
+        "feed_forward",
+        "experts",
+        ValueError,
+        "feed_forward must be one of 'plain', 'gated', 'moe', got 'experts'",
+    ),
+    ("feed_forward", True, ValueError, "feed_forward must be one of 'plain', 'gated', 'moe'"),
+    ("feed_forward", "moe", ValueError, "n_experts is required with feed_forward='moe', got None"),
+    ("n_experts", 4, ValueError, "n_experts must be None unless feed_forward='moe', got n_exp"),
+    ("experts_per_token", 0, ValueError, "experts_per_token must be a positive integer"),
+    ("experts_per_token", 1.0, TypeError, "experts_per_token must be a positive integer"),
+    ("expert_feed_forward", "moe", ValueError, "expert_feed_forward must be one of 'gated', 'p"),
+    ("expert_capacity_factor", 0, ValueError, "expert_capacity_factor must be a finite positiv"),
+    ("expert_capacity_factor", "1", TypeError, "expert_capacity_factor must be a positive numb"),
+    ("router_aux_loss_weight", -0.1, ValueError, "router_aux_loss_weight must be a finite non-"),
+    ("router_aux_loss_weight", None, TypeError, "router_aux_loss_weight must be a non-negative"),
+    ("rotary_scaling", "yarn", ValueError, "rotary_scaling must be one of 'linear', 'ntk'"),
+    ("rotary_scaling", "ntk", ValueError, "rotary_scaling='ntk' needs positional='rotary', got"),
+    ("rotary_scaling_factor", 2.0, ValueError, "must be 1.0 when rotary_scaling is None, got 2"),
+    ("rotary_scaling_factor", 0, ValueError, "rotary_scaling_factor must be a finite positive"),
+    ("rotary_scaling_factor", "2", TypeError, "rotary_scaling_factor must be a positive number"),
     ("bias", 1, TypeError, "bias must be True or False, got int 1"),
     ("bias", "no", TypeError, "bias must be True or False"),
     ("attention_scale", "sqrt_d", ValueError, "attention_scale must be one of 'sqrt', 'none'"),
@@ -356,6 +375,20 @@ def test_every_field_is_checked_when_made_and_refused_by_name(
         cls(**{**required, field: value})
     with pytest.raises(error, match=message):  # from a dict (a checkpoint) alike
         cls.from_dict({**cls(**required).to_dict(), field: value})
+
+
+@pytest.mark.parametrize(("cls", "required"), FAMILIES)
+def test_rotary_scaling_combinations_are_checked_in_every_family(cls, required):
+    rotary = {**required, "positional": "rotary", "rotary_scaling_factor": 4.0}
+    with pytest.raises(
+        ValueError, match=r"rotary_scaling='linear' .* not applied by the attention"
+    ):
+        cls(**rotary, rotary_scaling="linear")
+    with pytest.raises(ValueError, match="rotary_scaling='ntk' needs a head size d_k >= 4, got 2"):
+        cls(**rotary, rotary_scaling="ntk", d_model=4, n_heads=2)
+    config = cls(**rotary, rotary_scaling="ntk")
+    assert config.rotary_frequency_base == 10000.0 * 4.0 ** (config.d_k / (config.d_k - 2))
+    assert cls.from_dict(config.to_dict()) == config
 
 
 @pytest.mark.parametrize(("cls", "required"), FAMILIES)
