@@ -120,7 +120,7 @@ class LoRALinear(Module):
     dropout : float
         Probability in ``[0, 1)`` of zeroing an entry of :math:`x` on the
         adapter's path only (in training mode); the base path sees all of :math:`x`.
-    init : {"uniform", "gaussian"}
+    init : str
         How :math:`A` is drawn; :math:`B` always starts at zero, so the
         adapted layer starts equal to ``base``. ``"uniform"`` draws
         :math:`A_{ij} \sim \mathcal{U}(-d_\text{in}^{-1/2}, d_\text{in}^{-1/2})`,

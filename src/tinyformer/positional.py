@@ -44,10 +44,10 @@ __all__ = [
 
 _MAX_BITS = 62  # positions are int64: 2**62 leaves room for the shifts below
 ROTARY_LAYOUTS = ("adjacent", "halves")
-"""The RoPE pair layouts: ``"adjacent"`` pairs features :math:`(2i, 2i+1)`, ``"halves"`` :math:`(i, i+d/2)`."""
+"""The RoPE pair layouts. ``"adjacent"`` pairs features :math:`(2i, 2i+1)`, ``"halves"`` :math:`(i, i+d/2)`."""
 _LAYOUTS = ROTARY_LAYOUTS
 ROTARY_SCALINGS = ("linear", "ntk")
-"""Ways to stretch RoPE to longer contexts: position interpolation (``"linear"``) and NTK-aware (``"ntk"``)."""
+"""Ways to stretch RoPE to longer contexts, position interpolation (``"linear"``) and NTK-aware (``"ntk"``)."""
 
 
 def _even_size(d_model: object, name: str = "d_model") -> int:

@@ -2,7 +2,7 @@
 
 A wall clock counts the moments another program held the processor; on a machine
 shared with other work it can read several times what the computation used.
-:func:`per_call` therefore measures *processor time* (:func:`time.process_time`)
+:func:`per_call` therefore measures *processor time* (``time.process_time``)
 and, beside it, the wall clock, so that a page can say how far the two parted.
 :func:`timed_rounds` lets the calls being compared take turns, one sample each per
 round: a disturbance then spoils one sample of each call instead of every sample

@@ -365,7 +365,7 @@ class TransformerConfig(_Serializable):
 
     @property
     def rotary_frequency_base(self) -> float:
-        """The base the rotary positions use: ``rotary_base``, changed by NTK-aware scaling."""
+        """The base the rotary positions use (``rotary_base``, changed by NTK-aware scaling)."""
         if self.rotary_scaling == "ntk":
             return ntk_rotary_base(self.rotary_base, self.d_k, self.rotary_scaling_factor)
         return self.rotary_base
@@ -409,7 +409,7 @@ class TransformerConfig(_Serializable):
 
     @property
     def kv_heads(self) -> int:
-        """The number of key/value heads in use: ``n_kv_heads``, or ``n_heads`` when it is None."""
+        """The number of key/value heads in use (``n_kv_heads``, or ``n_heads`` when it is None)."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property

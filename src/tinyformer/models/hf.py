@@ -19,7 +19,7 @@ describes it exactly. Three conventions differ between the two libraries, and
   branch first.
 
 Nothing here imports PyTorch or ``transformers``: the state dict may hold NumPy
-arrays or CPU tensors (anything :func:`numpy.asarray` reads).
+arrays or CPU tensors (anything ``numpy.asarray`` reads).
 """
 
 from __future__ import annotations
