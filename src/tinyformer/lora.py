@@ -27,9 +27,10 @@ Use:
 Freezing. :func:`apply_lora` freezes every other parameter of the model
 (``requires_grad = False``, :class:`~tinyformer.module.Parameter`), so
 :meth:`~tinyformer.module.Module.trainable_parameters` gives the adapters
-alone. Frozen parameters cost nothing in training: every layer skips their
-gradient (still passing the gradient on to its input), and the optimizers
-refuse them, so none keeps moment estimates for the base model.
+alone. No gradient is computed for a frozen parameter: every layer skips it
+(still passing the gradient on to its input), and the optimizers refuse them, so
+none keeps moment estimates for the base model. Each frozen parameter still holds
+a zero gradient array of its size, which ``zero_grad`` keeps writing.
 :func:`remove_lora` merges the adapters into their base weights, puts the
 plain :class:`~tinyformer.layers.Linear` layers back and unfreezes what
 :func:`apply_lora` froze.
@@ -369,8 +370,8 @@ def apply_lora(
 
     The attention layers' projections are ``q_proj``, ``k_proj``, ``v_proj``
     and ``out_proj``; the feed-forward network's are ``linear_in`` and
-    ``linear_out``. The default adapts queries and values, the choice of Hu et
-    al. (2021). Every parameter of the model that is not an adapter is frozen
+    ``linear_out``. The default adapts queries and values, the choice of
+    :cite:t:`hu2022lora`. Every parameter of the model that is not an adapter is frozen
     (``requires_grad = False``; those frozen already are left so), so
     ``model.trainable_parameters()`` returns the adapters alone;
     :func:`remove_lora` unfreezes what this call froze. Calling it again for

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -60,7 +61,12 @@ def expert_capacity(capacity_factor: float, n_tokens: int, top_k: int, n_experts
     a capacity factor :math:`c > 1` leaves room for imbalance :cite:p:`fedus2022switch`.
     """
     capacity_factor = positive_float(capacity_factor, "capacity_factor")
-    return math.ceil(capacity_factor * n_tokens * top_k / n_experts)
+    n_tokens = positive_int(n_tokens, "n_tokens")
+    top_k = positive_int(top_k, "top_k")
+    n_experts = positive_int(n_experts, "n_experts")
+    # exact arithmetic on the decimal the caller wrote: 1.1 * 100 / 2 is 55, not 55.000000000000007
+    share = Fraction(repr(capacity_factor)) * n_tokens * top_k / n_experts
+    return math.ceil(share)
 
 
 def moe_parameters(
@@ -140,8 +146,10 @@ class MixtureOfExperts(Module):
 
     **Capacity.** With ``capacity_factor`` :math:`c`, an expert takes at most
     :math:`C = \lceil c N k / E \rceil` tokens per forward pass (:func:`expert_capacity`),
-    the first ones in token order (the flattened ``(..., d_model)`` order); a
-    token's later assignments to a full expert are dropped, counted in
+    every token's first choice before any token's second choice, and within one
+    rank in token order (the flattened ``(..., d_model)`` order; GShard's priority,
+    so an earlier token's second choice never displaces a later token's first);
+    assignments to a full expert are dropped, counted in
     ``n_dropped``, and contribute zero (the residual connection around the layer
     still carries the token). The gates of the kept assignments are left as they
     were. ``capacity_factor=None`` drops nothing. The capacity depends on the
@@ -158,7 +166,9 @@ class MixtureOfExperts(Module):
     where :math:`f_i` is the fraction of the :math:`N k` (token, expert)
     assignments that chose expert :math:`i`, before capacity dropping (for
     ``top_k=1`` the fraction of tokens whose choice is :math:`i`, as in the
-    paper). Both sum to one, so the loss is exactly 1 when either is uniform (a
+    paper; Hugging Face's Mixtral divides the counts by :math:`N` instead, which
+    makes its loss :math:`k` times this one, so a coefficient carried over from
+    there must be multiplied by :math:`k`). Both sum to one, so the loss is exactly 1 when either is uniform (a
     uniform router, or a perfectly balanced load), and it grows towards
     :math:`E` as tokens and probability pile onto one expert. :math:`f` is piecewise constant (not
     differentiable), so the gradient flows through :math:`P` alone, as in the
@@ -306,7 +316,9 @@ class MixtureOfExperts(Module):
             return choices, gates, kept, None
         capacity = expert_capacity(self.capacity_factor, len(probs), self.top_k, self.n_experts)
         for expert in range(self.n_experts):
-            tokens, slots = np.nonzero(choices == expert)  # in token order
+            # every first choice before any second choice, each rank in token order (GShard's
+            # priority): a token's second choice never takes a later token's first choice
+            slots, tokens = np.nonzero((choices == expert).T)
             kept[tokens[capacity:], slots[capacity:]] = False  # beyond capacity
         return choices, gates, kept, capacity
 

@@ -111,7 +111,13 @@ def _scaling(scaling: object, factor: object) -> float:
     """Check a RoPE scaling's name (None allowed) and return its factor as a float."""
     if scaling is not None and scaling not in ROTARY_SCALINGS:
         raise ValueError(f"scaling must be None or one of {ROTARY_SCALINGS}, got {scaling!r}")
-    return positive_float(factor, "scaling_factor")
+    factor = positive_float(factor, "scaling_factor")
+    if scaling is None and factor != 1.0:
+        raise ValueError(
+            f"scaling_factor={factor} has no effect without a scaling: pass scaling="
+            f"{ROTARY_SCALINGS[0]!r} or {ROTARY_SCALINGS[1]!r}, or leave the factor at 1.0"
+        )
+    return factor
 
 
 def ntk_rotary_base(base: float, d: int, factor: float) -> float:
@@ -450,6 +456,7 @@ def apply_rotary(
     x = float_array(x, "x", min_ndim=2)
     n_pos, d = x.shape[-2:]
     if scaling is None:  # the rotation as it has always been computed
+        _scaling(scaling, scaling_factor)  # a factor without a scaling is refused
         freqs = rotary_frequencies(_even_size(d, "x.shape[-1]"), base)  # (d / 2,)
         pos = _rotary_positions(positions, n_pos)
     else:

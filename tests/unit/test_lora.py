@@ -521,9 +521,9 @@ def test_trainer_with_clipping_trains_the_adapters_alone():
 
 
 # ---------------------------------------------------------------- freezing
-def test_apply_lora_freezes_all_but_the_adapters_and_their_gradients_cost_nothing():
-    # not learned positions: positional.py still adds into a frozen table's grad (reported)
-    model, _, _ = _adapted(seed=8, norm_first=True, tie_output=True, positional="sinusoidal")
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_apply_lora_freezes_all_but_the_adapters_and_their_gradients_cost_nothing(positional):
+    model, _, _ = _adapted(seed=8, norm_first=True, tie_output=True, positional=positional)
     adapters = [p for layer in lora_layers(model).values() for p in (layer.lora_A, layer.lora_B)]
     assert model.trainable_parameters() == adapters
     small_models.perturb(model, seed=3)

@@ -158,16 +158,20 @@ def _reference(layer, x):
     )
     taken = [0] * layer.n_experts
     out = np.zeros_like(flat)
-    for n, token in enumerate(flat):
+    routes = []
+    for token in flat:
         logits = token @ layer.router.weight.value
         p = np.exp(logits - logits.max())
         p /= p.sum()
         best = sorted(range(layer.n_experts), key=lambda i: -p[i])[:k]
         norm = sum(p[i] for i in best) if layer.renormalize else 1.0
-        for i in best:
+        routes.append((p, best, norm))
+    for rank in range(k):  # every first choice is served before any second choice
+        for n, (p, best, norm) in enumerate(routes):
+            i = best[rank]
             if taken[i] < capacity:
                 taken[i] += 1
-                out[n] += p[i] / norm * layer.experts[i].forward(token[None])[0]
+                out[n] += p[i] / norm * layer.experts[i].forward(flat[n][None])[0]
     return out.reshape(x.shape)
 
 
@@ -482,3 +486,26 @@ def test_softmax_matches_the_library_softmax(rng):
     np.testing.assert_allclose(
         layer.routing.probabilities, F.softmax(x @ layer.router.weight.value), rtol=1e-14
     )
+
+
+def test_a_first_choice_comes_before_an_earlier_tokens_second_choice(rng):
+    layer = _hand_routed(rng, top_k=2)
+    layer.capacity_factor = 0.5  # ceil(0.5 * 2 tokens * 2 / 3 experts) = 1 slot per expert
+    x = np.array([[1.0, 0.5, 0], [0.5, 1.0, 0]])  # token 0: experts 0 then 1; token 1: 1 then 0
+    layer.forward(x)
+    assert layer.routing.capacity == 1
+    assert layer.routing.choices.tolist() == [[0, 1], [1, 0]]
+    # in token order, token 0 would take both slots and token 1 would get nothing
+    assert layer.routing.kept.tolist() == [[True, False], [True, False]]
+    assert layer.n_dropped == 2
+
+
+def test_expert_capacity_is_exact_and_checks_its_arguments():
+    assert expert_capacity(1.1, 100, 1, 2) == 55  # 1.1 * 100 / 2 in floats is 55.000000000000007
+    assert expert_capacity(1.25, 10, 2, 4) == 7  # ceil(6.25)
+    with pytest.raises(ValueError, match="n_experts"):
+        expert_capacity(1.0, 10, 2, 0)
+    with pytest.raises(ValueError, match="n_tokens"):
+        expert_capacity(1.0, -5, 2, 4)
+    with pytest.raises(TypeError, match="n_tokens"):
+        expert_capacity(1.0, 10.5, 2, 4)

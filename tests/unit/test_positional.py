@@ -500,3 +500,18 @@ def test_ntk_scaling_in_a_model_changes_the_base_of_every_attention_layer():
     np.testing.assert_array_equal(scaled.forward(ids), same.forward(ids))
     assert not np.allclose(scaled.forward(ids), plain.forward(ids))
     assert DecoderOnlyConfig(9, **sizes).rotary_frequency_base == 10000.0
+
+
+def test_a_scaling_factor_without_a_scaling_is_refused():
+    x = np.random.default_rng(0).standard_normal((1, 3, 8))
+    for call in (
+        lambda: apply_rotary(x, scaling=None, scaling_factor=4.0),
+        lambda: rotary_frequencies(8, scaling_factor=4.0),
+        lambda: RotaryEmbedding(8, scaling_factor=4.0),
+    ):
+        with pytest.raises(
+            ValueError, match=r"scaling_factor=4\.0 has no effect without a scaling"
+        ):
+            call()
+    with pytest.raises(TypeError, match="scaling_factor"):
+        apply_rotary(x, scaling_factor="abc")

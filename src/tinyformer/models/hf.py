@@ -42,11 +42,26 @@ _ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"
 def _rope_theta(hf: Mapping[str, Any]) -> float:
     """The rotary base, wherever this version of ``transformers`` keeps it."""
     parameters = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if parameters.get("rope_type", "default") != "default":
+    # newer configs name the kind "rope_type", older ones (many config.json files) "type"
+    kind = parameters.get("rope_type", parameters.get("type", "default"))
+    if kind != "default" or (
+        "factor" in parameters and kind == "default" and parameters["factor"] != 1
+    ):
         raise ValueError(
-            f"rotary scaling {parameters['rope_type']!r} is not supported: only plain RoPE"
+            f"rotary scaling {kind!r} (factor {parameters.get('factor')}) is not supported:"
+            " only plain RoPE"
         )
     return float(parameters.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+_REQUIRED = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+)
 
 
 def config_from_hf_llama(
@@ -69,6 +84,16 @@ def config_from_hf_llama(
             f"hf_config must be a mapping (LlamaConfig.to_dict()), got {describe(hf_config)}"
         )
     hf = dict(hf_config)
+    missing = [key for key in _REQUIRED if key not in hf]
+    if missing:
+        raise ValueError(f"hf_config lacks {missing}, which a Llama configuration must give")
+    window = hf.get("sliding_window")
+    if window is not None and window < hf["max_position_embeddings"]:
+        raise ValueError(
+            f"sliding_window={window} is not supported: tinyformer attends to the whole"
+            f" context (max_position_embeddings={hf['max_position_embeddings']}), so longer"
+            " inputs would give other logits than the Hugging Face model"
+        )
     act = hf.get("hidden_act", "silu")
     if act not in _ACTIVATIONS:
         raise ValueError(f"hidden_act must be one of {sorted(_ACTIVATIONS)}, got {act!r}")
@@ -138,8 +163,11 @@ def hf_llama_state_dict(
             raise ValueError(f"state_dict lacks {name!r}, which a model of this config needs")
         used.add(name)
         value = hf[name]
-        if hasattr(value, "detach"):  # a PyTorch tensor: its NumPy view
-            value = value.detach().cpu().numpy()
+        if hasattr(value, "detach"):  # a PyTorch tensor (bfloat16 has no NumPy dtype: widen)
+            value = value.detach().cpu()
+            if not value.is_floating_point() or value.element_size() < 4:
+                value = value.float()
+            value = value.numpy()
         return np.array(value, dtype=np.float64 if config.dtype == "float64" else np.float32)
 
     def rotated(weight: np.ndarray, n_heads: int) -> np.ndarray:

@@ -30,6 +30,7 @@ import numpy as np
 
 from tinyformer._validation import describe, positive_float, positive_int
 from tinyformer.module import Module
+from tinyformer.moe import MixtureOfExperts
 from tinyformer.optim import Optimizer
 
 __all__ = ["DynamicLossScaler", "StaticLossScaler", "StepReport", "mixed_precision_step"]
@@ -180,8 +181,18 @@ def mixed_precision_step(
         model._cache = None
         stepped = False if scaler is None else scaler.update(False)
         return StepReport(stepped, scale, lost / total if total else 0.0, 0.0, True)
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below
-        model.backward(grad)
+    # a mixture-of-experts layer adds its load-balancing gradient itself, so it must be
+    # scaled with the loss too (it is unscaled below with every other gradient)
+    routers = [m for m in model.modules() if isinstance(m, MixtureOfExperts) and m.aux_loss_weight]
+    weights = [m.aux_loss_weight for m in routers]
+    for m in routers:
+        m.aux_loss_weight = m.aux_loss_weight * scale
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below
+            model.backward(grad)
+    finally:
+        for m, w in zip(routers, weights, strict=True):
+            m.aux_loss_weight = w
     lost_params = total_params = 0
     for p in optimizer.parameters:
         g: Any = p.grad

@@ -167,9 +167,32 @@ def test_config_errors_are_named():
         config_from_hf_llama({**base, "hidden_act": "tanh"})
     with pytest.raises(ValueError, match="attention_bias and mlp_bias must agree"):
         config_from_hf_llama({**base, "attention_bias": True})
-    with pytest.raises(ValueError, match="rotary scaling 'linear' is not supported"):
+    with pytest.raises(ValueError, match="rotary scaling 'linear'"):
         config_from_hf_llama({**base, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    # the older spelling of config.json files: "type", not "rope_type"
+    with pytest.raises(ValueError, match="rotary scaling 'dynamic'"):
+        config_from_hf_llama({**base, "rope_scaling": {"type": "dynamic", "factor": 4.0}})
+    with pytest.raises(ValueError, match=r"factor 2\.0"):
+        config_from_hf_llama({**base, "rope_scaling": {"factor": 2.0}})
+    with pytest.raises(ValueError, match="sliding_window=4 is not supported"):
+        config_from_hf_llama({**base, "sliding_window": 4})
+    assert config_from_hf_llama({**base, "sliding_window": 8}).context_length == 8  # no effect
+    with pytest.raises(ValueError, match=r"lacks \['hidden_size', 'num_hidden_layers'\]"):
+        config_from_hf_llama(
+            {k: v for k, v in base.items() if k not in ("hidden_size", "num_hidden_layers")}
+        )
     with pytest.raises(TypeError, match="hf_config must be a mapping"):
         config_from_hf_llama(["vocab_size"])
     with pytest.raises(TypeError, match="config must be a DecoderOnlyConfig"):
         hf_llama_state_dict({}, base)
+
+
+@pytest.mark.reference
+def test_bfloat16_weights_load(torch, transformers):
+    hf_config, hf_model = _llama(torch, transformers)
+    config = config_from_hf_llama(hf_config.to_dict(), dtype="float32")
+    state = {k: v.to(torch.bfloat16) for k, v in hf_model.state_dict().items()}
+    model = from_hf_llama(state, config)  # the released weights are bfloat16
+    wide = {k: v.to(torch.bfloat16).float() for k, v in hf_model.state_dict().items()}
+    ids = np.array([[1, 5, 9, 2]])
+    np.testing.assert_array_equal(model.forward(ids), from_hf_llama(wide, config).forward(ids))

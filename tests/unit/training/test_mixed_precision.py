@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tinyformer.layers import Linear
+from tinyformer.moe import MixtureOfExperts
 from tinyformer.optim import SGD
 from tinyformer.training.mixed_precision import (
     DynamicLossScaler,
@@ -93,3 +94,22 @@ def test_bad_step_arguments():
         mixed_precision_step(layer, "adam", grad)
     with pytest.raises(TypeError, match="scaler must be"):
         mixed_precision_step(layer, opt, grad, 1024)
+
+
+def test_the_load_balancing_gradient_is_scaled_with_the_loss():
+    # with no task gradient, what reaches the router is the load-balancing term alone: the
+    # loss scale must not shrink it (it did by the factor S before the layer was scaled too)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 4))
+    router = {}
+    for scaler in (None, StaticLossScaler(1024.0)):
+        layer = MixtureOfExperts(
+            4, 5, 4, top_k=2, rng=np.random.default_rng(0), aux_loss_weight=1.0
+        )
+        layer.forward(x)
+        optimizer = SGD(layer.parameters(), lr=0.0)
+        mixed_precision_step(layer, optimizer, np.zeros((6, 4)), scaler, half=False)
+        router[scaler is None] = layer.router.weight.grad.copy()
+        assert layer.aux_loss_weight == 1.0  # restored after the backward pass
+    assert np.abs(router[True]).max() > 0
+    np.testing.assert_allclose(router[False], router[True], rtol=1e-12, atol=0)
