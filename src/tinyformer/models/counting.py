@@ -32,7 +32,7 @@ with :func:`kv_cache_bytes_per_token`, what a decoding server keeps per token of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -362,26 +362,13 @@ def mixtral_8x7b_config() -> DecoderOnlyConfig:
     token uses the router and 2 experts, about 13B of the 47B parameters
     (:func:`active_parameter_count`).
     """
-    return DecoderOnlyConfig(
-        vocab_size=32000,
-        context_length=32768,
-        d_model=4096,
-        n_layers=32,
-        n_heads=32,
-        n_kv_heads=8,
-        d_ff=14336,
-        norm_first=True,
-        norm="rmsnorm",
-        norm_eps=1e-5,
+    return replace(
+        mistral_7b_config(),
         feed_forward="moe",
         n_experts=8,
         experts_per_token=2,
         expert_feed_forward="gated",
-        activation="silu",
-        bias=False,
-        positional="rotary",
         rotary_base=1e6,
-        tie_output=False,
     )
 
 
