@@ -167,6 +167,9 @@ class TransformerBlock(Module):
         The rotary frequency base.
     rotary_layout : str
         ``"adjacent"`` or ``"halves"``: the features rotated together.
+    rotary_interpolation : float
+        Position interpolation's factor (1.0: none), as in
+        :class:`~tinyformer.multihead.MultiHeadAttention`.
     scale : float, optional
         The attention scores' factor in every attention sub-layer; ``None``
         means :math:`1/\sqrt{d_k}`.
@@ -207,6 +210,7 @@ class TransformerBlock(Module):
         rotary: bool = False,
         rotary_base: float = 10000.0,
         rotary_layout: str = "adjacent",
+        rotary_interpolation: float = 1.0,
         scale: float | None = None,
         n_kv_heads: int | None = None,
         n_experts: int | None = None,
@@ -234,7 +238,12 @@ class TransformerBlock(Module):
             norm_layer = make_norm(norm, self.d_model, eps=norm_eps, dtype=dtype)
             return Residual(layer, norm_layer, Dropout(dropout, rng=rng), norm_first=norm_first)
 
-        rotation = {"rotary": rotary, "rotary_base": rotary_base, "rotary_layout": rotary_layout}
+        rotation = {
+            "rotary": rotary,
+            "rotary_base": rotary_base,
+            "rotary_layout": rotary_layout,
+            "rotary_interpolation": rotary_interpolation,
+        }
         attention = MultiHeadAttention(self.d_model, n_heads, **rotation, **heads)
         self.self_attention = residual(attention)
         self.cross_attention = (

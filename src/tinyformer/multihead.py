@@ -228,6 +228,27 @@ def _group_axis(x: np.ndarray | None, n_kv_heads: int) -> np.ndarray | None:
     return x.reshape(b, n_kv_heads, h // n_kv_heads, *x.shape[2:])  # splits an axis: a view
 
 
+def _rotate(
+    layer: MultiHeadAttention, x: np.ndarray, positions: np.ndarray, *, inverse: bool = False
+) -> np.ndarray:
+    """``x`` (..., T, d_k) rotated as ``layer`` rotates queries and keys at ``positions``, or back."""
+    if layer.rotary_interpolation != 1.0:  # position interpolation: p is read as p / s
+        return apply_rotary(
+            x,
+            positions,
+            base=layer.rotary_base,
+            inverse=inverse,
+            layout=layer.rotary_layout,
+            scaling="linear",
+            scaling_factor=layer.rotary_interpolation,
+        )
+    if layer.rotary_layout == "adjacent":  # the default, in the call it has always made
+        return apply_rotary(x, positions, base=layer.rotary_base, inverse=inverse)
+    return apply_rotary(
+        x, positions, base=layer.rotary_base, inverse=inverse, layout=layer.rotary_layout
+    )
+
+
 class MultiHeadAttention(Module):
     r"""Multi-head attention of :cite:t:`vaswani2017attention`, all heads at once.
 
@@ -279,6 +300,11 @@ class MultiHeadAttention(Module):
         code) or ``"halves"`` (:math:`(i, i + d_k/2)`, Hugging Face's
         ``rotate_half``). :func:`~tinyformer.positional.convert_rotary_layout`
         converts query and key weights from one to the other.
+    rotary_interpolation : float
+        Position interpolation :cite:p:`chen2023extending`: position :math:`p` is
+        rotated as position :math:`p/s` would be, for a factor :math:`s \ge 1`
+        (1.0, the default, rotates by the position itself). It stretches a
+        model trained on :math:`n` positions over :math:`s n` of them.
     scale : float, optional
         Factor :math:`s` applied to the scores; ``None`` (the default) means
         :math:`1/\sqrt{d_k}`. ``scale=1.0`` removes the scaling (an ablation).
@@ -311,6 +337,7 @@ class MultiHeadAttention(Module):
         rotary: bool = False,
         rotary_base: float = 10000.0,
         rotary_layout: str = "adjacent",
+        rotary_interpolation: float = 1.0,
         scale: float | None = None,
         n_kv_heads: int | None = None,
         dtype: object = np.float64,
@@ -331,6 +358,7 @@ class MultiHeadAttention(Module):
         self.rotary = bool(rotary)
         self.rotary_base = positive_float(rotary_base, "rotary_base")
         self.rotary_layout = one_of(rotary_layout, ROTARY_LAYOUTS, "rotary_layout")
+        self.rotary_interpolation = positive_float(rotary_interpolation, "rotary_interpolation")
         self.dtype = float_dtype(dtype)
         self.scale = _scale(scale, self.d_k)  # a Python float: float32 stays float32
         rng = generator(rng)
@@ -373,11 +401,7 @@ class MultiHeadAttention(Module):
         self, x: np.ndarray, positions: np.ndarray, *, inverse: bool = False
     ) -> np.ndarray:
         """Queries or keys ``(B, heads, T, d_k)`` rotated for ``positions`` (RoPE), or back."""
-        if self.rotary_layout == "adjacent":  # the default, in the call it has always made
-            return apply_rotary(x, positions, base=self.rotary_base, inverse=inverse)
-        return apply_rotary(
-            x, positions, base=self.rotary_base, inverse=inverse, layout=self.rotary_layout
-        )
+        return _rotate(self, x, positions, inverse=inverse)
 
     def forward(
         self,
@@ -508,8 +532,8 @@ def multi_head_attention_loop(
         k = project(layer.k_proj, source, kv_cols)  # (B, T_k, d_k)
         v = project(layer.v_proj, source, kv_cols)
         if layer.rotary:
-            q = apply_rotary(q, base=layer.rotary_base, layout=layer.rotary_layout)
-            k = apply_rotary(k, base=layer.rotary_base, layout=layer.rotary_layout)
+            q = _rotate(layer, q, np.arange(q.shape[-2]))
+            k = _rotate(layer, k, np.arange(k.shape[-2]))
         head, _ = scaled_dot_product_attention(q, k, v, mask, scale=layer.scale)  # (B, T_q, d_k)
         heads.append(head)
     return project(layer.out_proj, np.concatenate(heads, axis=-1), slice(None))

@@ -749,3 +749,47 @@ def test_gradients_with_a_given_scale(rng, scale):
 def test_bad_scale_is_named(rng, scale, error, words):
     with pytest.raises(error, match=words):
         MultiHeadAttention(8, 2, rng=rng, scale=scale)
+
+
+def test_position_interpolation_rotates_position_p_as_p_over_s(rng):
+    """With ``rotary_interpolation=s``, queries and keys are rotated as positions p / s."""
+    layer = _layer(rng, 8, 2, rotary=True, rotary_interpolation=4.0)
+    x = rng.standard_normal((2, 6, 8))
+    out = layer.forward(x, mask=causal_mask(6))
+    loop = multi_head_attention_loop(layer, x, mask=causal_mask(6))
+    np.testing.assert_allclose(out, loop, rtol=1e-12, atol=1e-13)
+    # by hand: rotate one head's queries and keys at positions p / 4
+    q = x @ layer.q_proj.weight.value[:, :4] + layer.q_proj.bias.value[:4]
+    k = x @ layer.k_proj.weight.value[:, :4] + layer.k_proj.bias.value[:4]
+    angles = np.arange(6)[:, None] / 4.0 * 10000.0 ** (-np.arange(0, 4, 2) / 4)  # (T, d_k/2)
+
+    def rotate(a):  # adjacent pairs (2i, 2i+1) turned by the angles
+        out = np.empty_like(a)
+        out[..., 0::2] = a[..., 0::2] * np.cos(angles) - a[..., 1::2] * np.sin(angles)
+        out[..., 1::2] = a[..., 0::2] * np.sin(angles) + a[..., 1::2] * np.cos(angles)
+        return out
+
+    scores = rotate(q) @ rotate(k).swapaxes(-1, -2) / 2.0
+    scores = np.where(causal_mask(6), scores, -np.inf)
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(layer.attention_weights[:, 0], expected, rtol=1e-10, atol=1e-13)
+    plain = _layer(np.random.default_rng(0), 8, 2, rotary=True)
+    plain.load_state_dict(layer.state_dict())
+    assert np.abs(plain.forward(x, mask=causal_mask(6)) - out).max() > 1e-3  # the factor matters
+    errors = check_module_gradients(layer, [x], rng=rng, kwargs={"mask": causal_mask(6)})
+    assert max(errors.values()) < 1e-6, errors
+    with pytest.raises(
+        ValueError, match=r"rotary_interpolation must be a finite positive number, got 0\.0"
+    ):
+        _layer(rng, 8, 2, rotary=True, rotary_interpolation=0.0)
+
+
+def test_cached_decoding_with_position_interpolation_matches_full_attention(rng):
+    layer = _layer(rng, 8, 2, rotary=True, rotary_interpolation=2.5)
+    x = rng.standard_normal((2, 7, 8))
+    full = layer.forward(x, mask=causal_mask(7))
+    cache = KVCache()
+    steps = [layer.forward(x[:, :4], mask=causal_mask(4), cache=cache)]
+    steps += [layer.forward(x[:, t : t + 1], cache=cache) for t in range(4, 7)]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-12, atol=1e-13)

@@ -250,13 +250,10 @@ class TransformerConfig(_Serializable):
         converts trained weights between them.
     rotary_scaling : str or None
         Stretch the rotary positions to a context ``rotary_scaling_factor`` times
-        longer than the one trained on: ``"ntk"`` (NTK-aware, the base becomes
-        :math:`\text{base}\cdot s^{d_k/(d_k-2)}`, see
-        :func:`~tinyformer.positional.ntk_rotary_base`) or ``None`` (the default).
-        ``"linear"`` (position interpolation :cite:p:`chen2023extending`) is
-        provided by :func:`~tinyformer.positional.apply_rotary` and
-        :class:`~tinyformer.positional.RotaryEmbedding` but not yet by the
-        attention layers, so a configuration refuses it.
+        longer than the one trained on: ``"linear"`` (position interpolation
+        :cite:p:`chen2023extending`: position :math:`p` is rotated as :math:`p/s`),
+        ``"ntk"`` (NTK-aware, the base becomes :math:`\text{base}\cdot s^{d_k/(d_k-2)}`,
+        see :func:`~tinyformer.positional.ntk_rotary_base`) or ``None`` (the default).
     rotary_scaling_factor : float
         The stretch :math:`s > 0`; 1.0 unless ``rotary_scaling`` is set.
     attention_scale : str
@@ -354,14 +351,13 @@ class TransformerConfig(_Serializable):
                 f"rotary_scaling={self.rotary_scaling!r} needs positional='rotary', got"
                 f" positional={self.positional!r}"
             )
-        if self.rotary_scaling == "linear":
-            raise ValueError(
-                "rotary_scaling='linear' (position interpolation) is not applied by the attention"
-                " layers yet: use 'ntk', or tinyformer.positional.apply_rotary(...,"
-                " scaling='linear') directly"
-            )
-        if self.d_k < 4:
+        if self.rotary_scaling == "ntk" and self.d_k < 4:
             raise ValueError(f"rotary_scaling='ntk' needs a head size d_k >= 4, got {self.d_k}")
+
+    @property
+    def rotary_interpolation(self) -> float:
+        """Position interpolation's factor: ``rotary_scaling_factor`` for ``"linear"``, else 1.0."""
+        return self.rotary_scaling_factor if self.rotary_scaling == "linear" else 1.0
 
     @property
     def rotary_frequency_base(self) -> float:

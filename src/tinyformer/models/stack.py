@@ -90,6 +90,7 @@ class TransformerStack(Module):
                 rotary=c.positional == "rotary",
                 rotary_base=c.rotary_frequency_base,  # rotary_base unless NTK-scaled
                 rotary_layout=c.rotary_layout,
+                rotary_interpolation=c.rotary_interpolation,  # 1.0 unless linearly scaled
                 scale=c.score_scale,
                 n_kv_heads=c.n_kv_heads,
                 n_experts=c.n_experts,

@@ -380,13 +380,13 @@ def test_every_field_is_checked_when_made_and_refused_by_name(
 @pytest.mark.parametrize(("cls", "required"), FAMILIES)
 def test_rotary_scaling_combinations_are_checked_in_every_family(cls, required):
     rotary = {**required, "positional": "rotary", "rotary_scaling_factor": 4.0}
-    with pytest.raises(
-        ValueError, match=r"rotary_scaling='linear' .* not applied by the attention"
-    ):
-        cls(**rotary, rotary_scaling="linear")
+    linear = cls(**rotary, rotary_scaling="linear")
+    assert (linear.rotary_interpolation, linear.rotary_frequency_base) == (4.0, 10000.0)
+    assert cls.from_dict(linear.to_dict()) == linear
     with pytest.raises(ValueError, match="rotary_scaling='ntk' needs a head size d_k >= 4, got 2"):
         cls(**rotary, rotary_scaling="ntk", d_model=4, n_heads=2)
     config = cls(**rotary, rotary_scaling="ntk")
+    assert config.rotary_interpolation == 1.0
     assert config.rotary_frequency_base == 10000.0 * 4.0 ** (config.d_k / (config.d_k - 2))
     assert cls.from_dict(config.to_dict()) == config
 
