@@ -112,13 +112,19 @@ class Recipe:
         self._started = (time.perf_counter(), time.process_time())
 
     def optimizer(self, model: Module) -> AdamW:
-        """AdamW over ``model``'s parameters on the warm-up + cosine schedule."""
+        """AdamW over ``model``'s trainable parameters on the warm-up + cosine schedule.
+
+        Frozen parameters (:meth:`~tinyformer.module.Module.freeze`, LoRA) are left out;
+        for a model with none, the list is :meth:`~tinyformer.module.Module.parameters`.
+        """
         schedule = WarmupCosineSchedule(
             self.peak_lr, self.warmup_steps, self.max_steps, min_lr=self.peak_lr / 20
         )
-        return AdamW(model.parameters(), schedule, betas=(0.9, 0.98), weight_decay=0.01)
+        return AdamW(model.trainable_parameters(), schedule, betas=(0.9, 0.98), weight_decay=0.01)
 
-    def trainer(self, config: Any, data: Any, **options: Any) -> Trainer:
+    def trainer(
+        self, config: Any, data: Any, *, model: Module | None = None, **options: Any
+    ) -> Trainer:
         """A fresh model of ``config``, its optimizer and objective, in a Trainer ready to ``fit``.
 
         ``config`` is a :class:`~tinyformer.models.config.DecoderOnlyConfig` or an
@@ -126,14 +132,22 @@ class Recipe:
         ``data`` is what its objective reads (windows, or an
         :class:`~tinyformer.data.masking.MLMDataset`). ``options`` go to the
         :class:`~tinyformer.training.loop.Trainer`: clipping, evaluation, early
-        stopping, logging, progress.
+        stopping, logging, progress. ``model`` (of ``config``'s family) starts
+        from given weights instead of a fresh initialization: fine-tuning, with
+        only its trainable parameters optimized.
         """
         if type(config) not in FAMILIES:
             raise TypeError(
                 f"config must be one of {[c.__name__ for c in FAMILIES]}, got {describe(config)}"
             )
         model_class, objective = FAMILIES[type(config)]
-        model = initial_model(model_class, config, np.random.default_rng([self.seed, 4]))
+        if model is None:
+            model = initial_model(model_class, config, np.random.default_rng([self.seed, 4]))
+        elif not isinstance(model, model_class):
+            raise TypeError(
+                f"model must be a {model_class.__name__} for {type(config).__name__},"
+                f" got {describe(model)}"
+            )
         return Trainer(
             model,
             self.optimizer(model),

@@ -96,6 +96,21 @@ def test_the_trainer_draws_the_family_model_from_seed_4_and_batches_from_seed_5(
         np.testing.assert_array_equal(trainer.stream.next_indices(), order.next_indices())
 
 
+def test_the_trainer_fine_tunes_a_given_model_optimizing_only_its_trainable_parameters():
+    config = DecoderOnlyConfig(vocab_size=7, **SIZE, dtype="float64")
+    model = DecoderOnlyLM(config, rng=np.random.default_rng(11))
+    model.output.freeze()
+    before = parameter_fingerprint(model)
+    trainer = _recipe().trainer(config, _windows(), model=model)
+    assert trainer.model is model
+    assert parameter_fingerprint(trainer.model) == before  # not re-initialized
+    trainable = [id(p) for p in model.parameters() if p.requires_grad]
+    assert [id(p) for p in trainer.optimizer.parameters] == trainable
+    assert len(trainable) < len(model.parameters())
+    with pytest.raises(TypeError, match="model must be a DecoderOnlyLM for DecoderOnlyConfig"):
+        _recipe().trainer(config, _windows(), model=object())
+
+
 def test_the_trainer_refuses_a_family_it_has_no_objective_for():
     config = EncoderDecoderConfig(
         7, 7, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1, n_decoder_layers=1
