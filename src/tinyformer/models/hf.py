@@ -39,19 +39,26 @@ __all__ = ["config_from_hf_llama", "from_hf_llama", "hf_llama_state_dict"]
 _ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
-def _rope_theta(hf: Mapping[str, Any]) -> float:
-    """The rotary base, wherever this version of ``transformers`` keeps it."""
+def _rope(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The rotary base and scaling, wherever this version of ``transformers`` keeps them.
+
+    Plain RoPE and ``"linear"`` scaling (position interpolation: Hugging Face divides
+    the frequencies by the factor, tinyformer the positions, the same angles) are
+    read; any other scaling is refused by name.
+    """
     parameters = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     # newer configs name the kind "rope_type", older ones (many config.json files) "type"
     kind = parameters.get("rope_type", parameters.get("type", "default"))
-    if kind != "default" or (
-        "factor" in parameters and kind == "default" and parameters["factor"] != 1
-    ):
+    factor = parameters.get("factor")
+    if kind not in ("default", "linear") or (kind == "default" and factor not in (None, 1)):
         raise ValueError(
-            f"rotary scaling {kind!r} (factor {parameters.get('factor')}) is not supported:"
-            " only plain RoPE"
+            f"rotary scaling {kind!r} (factor {factor}) is not supported: only plain RoPE"
+            " and 'linear' (position interpolation)"
         )
-    return float(parameters.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope = {"rotary_base": float(parameters.get("rope_theta", hf.get("rope_theta", 10000.0)))}
+    if kind == "linear" and factor != 1:
+        rope.update(rotary_scaling="linear", rotary_scaling_factor=float(factor))
+    return rope
 
 
 _REQUIRED = (
@@ -125,7 +132,7 @@ def config_from_hf_llama(
         activation=_ACTIVATIONS[act],
         bias=bool(hf.get("attention_bias", False)),
         positional="rotary",
-        rotary_base=_rope_theta(hf),
+        **_rope(hf),
         rotary_layout=rotary_layout,
         tie_output=bool(hf.get("tie_word_embeddings", False)),
         dtype=dtype,

@@ -124,6 +124,26 @@ def test_logits_equal_hugging_face_llama(
 
 
 @pytest.mark.reference
+@pytest.mark.parametrize("layout", ["adjacent", "halves"])
+def test_linear_rope_scaling_equals_hugging_face(torch, transformers, layout):
+    """Position interpolation: Hugging Face's "linear" rope type, read and computed alike."""
+    hf_config, hf_model = _llama(torch, transformers)
+    scaled = transformers.LlamaConfig(
+        **{
+            **hf_config.to_dict(),
+            "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+        }
+    )
+    hf_scaled = transformers.LlamaForCausalLM(scaled).eval()
+    hf_scaled.load_state_dict(hf_model.state_dict())
+    logits, theirs, ours, _ = _compare(torch, hf_scaled, scaled, "float32", layout)
+    assert ours.config.rotary_interpolation == 4.0
+    assert np.abs(logits - theirs).max() <= 1e-5 * np.abs(theirs).max()
+    _, theirs_plain, _, _ = _compare(torch, hf_model, hf_config, "float32", layout)
+    assert np.abs(theirs - theirs_plain).max() > 1e-3 * np.abs(theirs).max()  # scaling matters
+
+
+@pytest.mark.reference
 def test_unconverted_rotary_layout_would_not_match(torch, transformers):
     """The conversion is needed: Hugging Face's weights, unconverted, rotated in the adjacent
     layout give other logits."""
@@ -167,8 +187,8 @@ def test_config_errors_are_named():
         config_from_hf_llama({**base, "hidden_act": "tanh"})
     with pytest.raises(ValueError, match="attention_bias and mlp_bias must agree"):
         config_from_hf_llama({**base, "attention_bias": True})
-    with pytest.raises(ValueError, match="rotary scaling 'linear'"):
-        config_from_hf_llama({**base, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    linear = config_from_hf_llama({**base, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    assert (linear.rotary_scaling, linear.rotary_interpolation) == ("linear", 2.0)
     # the older spelling of config.json files: "type", not "rope_type"
     with pytest.raises(ValueError, match="rotary scaling 'dynamic'"):
         config_from_hf_llama({**base, "rope_scaling": {"type": "dynamic", "factor": 4.0}})
