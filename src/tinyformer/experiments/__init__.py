@@ -18,7 +18,12 @@ models with one function, :func:`~tinyformer.experiments.recipe.token_losses`.
   :func:`~tinyformer.experiments.icl.in_context`,
   :func:`~tinyformer.experiments.norm_placement.norm_placement` and
   :func:`~tinyformer.experiments.scaling.scaling`: the masked language model, in-context
-  copying, post-norm against pre-norm, and loss against model size
+  copying, post-norm against pre-norm, and loss against model size.
+- :func:`~tinyformer.experiments.modern.modern_lm`,
+  :func:`~tinyformer.experiments.moe_lm.moe_lm` and
+  :func:`~tinyformer.experiments.finetune.finetune`: the modern transformer of Part VII,
+  each change from GPT-2's decoder as an ablation, a mixture of experts against dense
+  models, and fine-tuning the language model, fully or with low-rank adapters
   (:data:`~tinyformer.experiments.registry.EXPERIMENTS` lists them all).
 
 :class:`~tinyformer.experiments.store.ExperimentStore` keeps results on disk keyed

@@ -12,9 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tinyformer.experiments.finetune import book_runs as finetune_runs
+from tinyformer.experiments.finetune import finetune
 from tinyformer.experiments.icl import in_context
 from tinyformer.experiments.markov import markov_lm
 from tinyformer.experiments.mlm import masked_lm
+from tinyformer.experiments.modern import book_runs as modern_runs
+from tinyformer.experiments.modern import modern_lm
+from tinyformer.experiments.moe_lm import book_runs as moe_runs
+from tinyformer.experiments.moe_lm import moe_lm
 from tinyformer.experiments.norm_placement import norm_placement
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.experiments.reverse import reversal
@@ -36,6 +42,9 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "masked_lm": masked_lm,
     "in_context": in_context,
     "scaling": scaling,
+    "modern_lm": modern_lm,
+    "moe_lm": moe_lm,
+    "finetune": finetune,
 }
 """Every experiment by name, mapped to the function that runs it from keyword arguments."""
 
@@ -83,5 +92,14 @@ BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     # loss against model size at a fixed token budget, and one compute budget split
     # several ways, the two closest splits with more seeds (chapter "Scaling laws")
     *scaling_runs(),
+    # each change from GPT-2 to a modern decoder, three seeds at a fixed budget
+    # (chapter "From GPT-2 to a modern decoder")
+    *modern_runs(),
+    # a mixture of experts against dense models, its routing and capacity, three seeds
+    # (chapter "Mixture of experts")
+    *moe_runs(),
+    # the language model fine-tuned on a shifted source, fully and with LoRA at several
+    # ranks, three seeds (chapter "Fine-tuning with LoRA")
+    *finetune_runs(),
 )
 """The runs whose results the book shows, as ``(name, arguments)``; computed before a build."""

@@ -356,7 +356,7 @@ class TransformerConfig(_Serializable):
 
     @property
     def rotary_interpolation(self) -> float:
-        """Position interpolation's factor: ``rotary_scaling_factor`` for ``"linear"``, else 1.0."""
+        """The factor of position interpolation (``rotary_scaling_factor`` for ``"linear"``, else 1.0)."""
         return self.rotary_scaling_factor if self.rotary_scaling == "linear" else 1.0
 
     @property
