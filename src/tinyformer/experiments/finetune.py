@@ -38,6 +38,7 @@ from tinyformer.training import WindowDataset
 
 __all__ = [
     "ALL_LINEAR",
+    "BOOK_FULL_LRS",
     "BOOK_RANKS",
     "BOOK_SEEDS",
     "STREAMS",
@@ -53,6 +54,8 @@ BOOK_RANKS = (1, 2, 4, 8, 16)
 """The LoRA ranks of the chapter's comparison."""
 BOOK_SEEDS = (0, 1, 2)
 """Seeds of every setting of the chapter (the shift, the adapters' A, the data, the batches)."""
+BOOK_FULL_LRS = (5e-3, 3e-3)
+"""Lower peak learning rates of full fine-tuning in the chapter (besides the default 1e-2)."""
 
 STREAMS = {"shift": 6, "train": 7, "heldout_shifted": 8, "heldout_original": 9, "adapters": 10}
 """The generator stream ``[seed, i]`` of each random draw of a run (the recipe's are 4 and 5)."""
@@ -351,7 +354,15 @@ def finetune(
 
 
 def book_runs() -> tuple[tuple[str, dict[str, Any]], ...]:
-    """The runs of chapter "Fine-tuning with LoRA": full fine-tuning and every rank, each seed."""
+    """The runs of chapter "Fine-tuning with LoRA", each seed.
+
+    Full fine-tuning and every rank at their default learning rates, then full
+    fine-tuning at each of the lower rates :data:`BOOK_FULL_LRS`.
+    """
     return tuple(
         ("finetune", {"seed": s, "rank": r}) for r in (None, *BOOK_RANKS) for s in BOOK_SEEDS
+    ) + tuple(
+        ("finetune", {"seed": s, "rank": None, "lr": lr})
+        for lr in BOOK_FULL_LRS
+        for s in BOOK_SEEDS
     )

@@ -41,9 +41,11 @@ from tinyformer.training import WindowDataset
 __all__ = [
     "AUX_LOSS_WEIGHT",
     "CAPACITY_FACTORS",
+    "CAPACITY_SEEDS",
     "SEEDS",
     "bayes_losses",
     "book_runs",
+    "conditional_mutual_information_bits",
     "mixture_task",
     "moe_layers",
     "moe_lm",
@@ -51,8 +53,10 @@ __all__ = [
     "routing_counts",
 ]
 
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)
 """Seeds of every compared model (initialization, training windows, batch order)."""
+CAPACITY_SEEDS = (0, 1, 2)
+"""Seeds of the capacity-factor runs (each compared with the same seed without a limit)."""
 AUX_LOSS_WEIGHT = 0.01
 """The load-balancing loss's weight in the book's runs, the Switch Transformer's value."""
 CAPACITY_FACTORS = (1.0, 1.25)
@@ -258,6 +262,23 @@ def mutual_information_bits(joint: object) -> float:
     return float((p[nonzero] * np.log2(p[nonzero] / outer[nonzero])).sum())
 
 
+def conditional_mutual_information_bits(joint: object) -> float:
+    r"""Conditional mutual information :math:`I(A; B \mid C)` in bits of counts ``(|C|, |A|, |B|)``.
+
+    .. math:: I(A; B \mid C) = \sum_c p(c)\, I(A; B \mid C = c),
+
+    each term :func:`mutual_information_bits` of the slice ``joint[c]`` (slices
+    without counts weigh nothing).
+    """
+    table = np.asarray(joint, dtype=np.float64)
+    if table.ndim != 3 or (table < 0).any() or table.sum() <= 0:
+        raise ValueError(f"joint must be a 3-D table of non-negative counts, got {table.shape}")
+    weights = table.sum(axis=(1, 2)) / table.sum()  # p(c)
+    return float(
+        sum(w * mutual_information_bits(t) for w, t in zip(weights, table, strict=True) if w > 0)
+    )
+
+
 def _routing_metrics(
     model: Any,
     heldout: WindowDataset,
@@ -268,6 +289,10 @@ def _routing_metrics(
     batch_size: int,
 ) -> dict[str, float]:
     """Per layer: source/expert and token/expert information, load balance, dropped share."""
+    by_pair, _ = routing_counts(
+        model, heldout.inputs, heldout.inputs * n_sources + which[:, None],
+        n_labels=vocab_size * n_sources, from_position=from_position, batch_size=batch_size,
+    )  # fmt: skip
     by_source, dropped = routing_counts(
         model, heldout.inputs, which, n_labels=n_sources, from_position=from_position,
         batch_size=batch_size,
@@ -276,13 +301,17 @@ def _routing_metrics(
         model, heldout.inputs, heldout.inputs, n_labels=vocab_size,
         from_position=from_position, batch_size=batch_size,
     )  # fmt: skip
-    metrics: dict[str, float] = {}
     n_experts = by_source.shape[-1]
+    # first choices by (token, source): (L, V, S, E)
+    pairs = by_pair[:, :, 0].reshape(len(by_pair), vocab_size, n_sources, n_experts)
+    metrics = {"source_token_information_bits": mutual_information_bits(pairs[0].sum(axis=-1))}
     for li in range(len(by_source)):
         first = by_source[li, :, 0]  # (S, E): first choices
         load = by_source[li].sum(axis=(0, 1)) / by_source[li].sum()  # (E,) every assignment
         metrics[f"source_information_bits_{li}"] = mutual_information_bits(first)
         metrics[f"token_information_bits_{li}"] = mutual_information_bits(by_token[li, :, 0])
+        given_token = conditional_mutual_information_bits(pairs[li])
+        metrics[f"conditional_source_information_bits_{li}"] = given_token
         metrics[f"max_load_{li}"] = float(load.max() * n_experts)  # 1 when balanced
         metrics[f"min_load_{li}"] = float(load.min() * n_experts)
         metrics[f"dropped_fraction_{li}"] = float(dropped[li].sum() / by_source[li].sum())
@@ -379,7 +408,11 @@ def moe_lm(
         mixture, per block ``l``: ``source_information_bits_l`` and
         ``token_information_bits_l``, the mutual information between the first
         choice of expert and the window's source, or the current token
-        (:func:`mutual_information_bits`; at most :math:`\log_2 E` bits);
+        (:func:`mutual_information_bits`; at most :math:`\log_2 E` bits), and
+        ``conditional_source_information_bits_l``, the information between the
+        source and the first choice once the current token is known
+        (:func:`conditional_mutual_information_bits`); ``source_token_information_bits``,
+        what the current token alone says about the source (the same for every model);
         ``max_load_l`` and ``min_load_l``, the largest and smallest share of the
         assignments an expert got, times :math:`E` (1 when balanced);
         ``dropped_fraction_l``, the share of assignments the capacity dropped;
@@ -471,7 +504,7 @@ def book_runs() -> tuple[tuple[str, dict[str, Any]], ...]:
     :math:`k = 2`) without and with the load-balancing loss
     (:data:`AUX_LOSS_WEIGHT`), and the dense gated models of width ``k * d_ff``
     (its active parameters) and ``E * d_ff`` (its total parameters). Then the
-    mixture with the loss at each of :data:`CAPACITY_FACTORS`, seed 0.
+    mixture with the loss at each of :data:`CAPACITY_FACTORS`, over :data:`CAPACITY_SEEDS`.
     """
     width, n_experts, k = 32, 4, 2
     runs: list[dict[str, Any]] = []
@@ -483,7 +516,8 @@ def book_runs() -> tuple[tuple[str, dict[str, Any]], ...]:
             {"seed": seed, "feed_forward": "gated", "d_ff": n_experts * width},
         ]
     runs += [
-        {"seed": 0, "aux_loss_weight": AUX_LOSS_WEIGHT, "capacity_factor": c}
+        {"seed": seed, "aux_loss_weight": AUX_LOSS_WEIGHT, "capacity_factor": c}
+        for seed in CAPACITY_SEEDS
         for c in CAPACITY_FACTORS
     ]
     return tuple(("moe_lm", params) for params in runs)

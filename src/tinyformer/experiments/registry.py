@@ -92,7 +92,7 @@ BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     # loss against model size at a fixed token budget, and one compute budget split
     # several ways, the two closest splits with more seeds (chapter "Scaling laws")
     *scaling_runs(),
-    # each change from GPT-2 to a modern decoder, three seeds at a fixed budget
+    # each change from GPT-2 to a modern decoder, five seeds at a fixed budget
     # (chapter "From GPT-2 to a modern decoder")
     *modern_runs(),
     # a mixture of experts against dense models, its routing and capacity, three seeds

@@ -8,6 +8,7 @@ import pytest
 from tinyformer.data import MarkovSource
 from tinyformer.experiments.finetune import (
     ALL_LINEAR,
+    BOOK_FULL_LRS,
     BOOK_RANKS,
     BOOK_SEEDS,
     STREAMS,
@@ -223,7 +224,9 @@ def test_the_book_runs_cover_full_finetuning_and_every_rank_on_every_seed():
     runs = book_runs()
     assert EXPERIMENTS["finetune"] is finetune
     assert all(run in BOOK_RUNS for run in runs)
-    assert {(p["rank"], p["seed"]) for _, p in runs} == {
-        (r, s) for r in (None, *BOOK_RANKS) for s in BOOK_SEEDS
-    }
+    assert len(set(map(repr, runs))) == len(runs)  # no run twice
+    assert {(p["rank"], p["seed"], p.get("lr")) for _, p in runs} == {
+        (r, s, None) for r in (None, *BOOK_RANKS) for s in BOOK_SEEDS
+    } | {(None, s, lr) for lr in BOOK_FULL_LRS for s in BOOK_SEEDS}
+    assert all(lr < 1e-2 for lr in BOOK_FULL_LRS)  # below the default rate of full fine-tuning
     assert set(ALL_LINEAR) == {"q_proj", "k_proj", "v_proj", "out_proj", "linear_in", "linear_out"}

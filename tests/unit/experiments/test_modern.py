@@ -95,7 +95,7 @@ def test_key_value_heads_divide_the_cache():
 def test_the_book_variants_have_equal_parameters_where_promised():
     runs = {repr(p): p for _, p in book_runs()}
     assert len(runs) == len(VARIANTS) * len(SEEDS)
-    assert len(SEEDS) >= 3
+    assert len(SEEDS) >= 5  # the chapter reads five seeds of every variant
     assert all(p["max_steps"] == BUDGET_STEPS for p in runs.values())
     for run in book_runs():
         assert run in BOOK_RUNS

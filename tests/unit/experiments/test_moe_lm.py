@@ -10,6 +10,7 @@ import pytest
 from tinyformer.experiments.moe_lm import (
     bayes_losses,
     book_runs,
+    conditional_mutual_information_bits,
     mixture_task,
     moe_layers,
     moe_lm,
@@ -104,6 +105,19 @@ def test_mutual_information_of_independent_and_identical_tables():
         mutual_information_bits(np.zeros((2, 2)))
 
 
+def test_conditional_mutual_information_averages_the_slices():
+    # given c, a and b are identical in slice 0 (1 bit) and independent in slice 1 (0 bits)
+    joint = np.stack([np.eye(2) * 3, np.outer([1, 1], [2, 1])])  # weights 6/12 and 6/12
+    assert conditional_mutual_information_bits(joint) == pytest.approx(0.5)
+    # a and b both copy c: dependent overall, independent once c is known
+    copies = np.zeros((2, 2, 2))
+    copies[0, 0, 0] = copies[1, 1, 1] = 5
+    assert mutual_information_bits(copies.sum(axis=0)) == pytest.approx(1.0)
+    assert conditional_mutual_information_bits(copies) == pytest.approx(0, abs=1e-12)
+    with pytest.raises(ValueError, match="joint"):
+        conditional_mutual_information_bits(np.ones((2, 2)))
+
+
 def _moe_model(capacity_factor=None):
     config = DecoderOnlyConfig(
         vocab_size=6, d_model=8, n_heads=2, d_ff=8, n_layers=2, context_length=10,
@@ -171,6 +185,8 @@ def test_run_is_deterministic_and_its_metrics_are_as_documented():
     assert m["active_parameters"] < m["parameters"]
     assert 0 <= m["source_information_bits_0"] <= 2
     assert 0 <= m["token_information_bits_0"] <= 2
+    assert 0 <= m["conditional_source_information_bits_0"] <= 2
+    assert 0 < m["source_token_information_bits"] <= 2
     assert m["min_load_0"] <= 1 <= m["max_load_0"]
     assert 0 < m["dropped_fraction_0"] < 1  # capacity 1.0 with an untrained router drops some
     # the held-out loss is measured on the documented windows
@@ -178,6 +194,12 @@ def test_run_is_deterministic_and_its_metrics_are_as_documented():
     heldout, _ = windows(TINY["n_heldout_windows"], TINY["context_length"], 3)
     optimum, _ = bayes_losses(sources, heldout.inputs, heldout.targets)
     assert m["bayes_loss"] == pytest.approx(optimum.mean())
+    # what the current token says about the source, from position from_position on
+    _, which = windows(TINY["n_heldout_windows"], TINY["context_length"], 3)
+    late = heldout.inputs[:, TINY["from_position"] :]
+    table = np.zeros((16, 4))
+    np.add.at(table, (late, np.broadcast_to(which[:, None], late.shape)), 1)
+    assert m["source_token_information_bits"] == pytest.approx(mutual_information_bits(table))
 
 
 def test_dense_run_has_all_parameters_active_and_no_routing_metrics():
