@@ -28,6 +28,7 @@ from tinyformer._validation import (
     unit_interval,
 )
 from tinyformer.data import MarkovSource
+from tinyformer.data.markov import _ngrams
 from tinyformer.experiments.markov import markov_task
 from tinyformer.experiments.recipe import Recipe, token_losses
 from tinyformer.experiments.result import ExperimentResult
@@ -45,7 +46,9 @@ __all__ = [
     "book_runs",
     "context_losses",
     "finetune",
+    "seeded_shift",
     "shift_source",
+    "stream_windows",
 ]
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "out_proj", "linear_in", "linear_out")
@@ -111,6 +114,27 @@ def shift_source(
     raise RuntimeError(f"no ergodic shift of {n_changed} contexts in {_MAX_DRAWS} draws")
 
 
+def seeded_shift(
+    source: MarkovSource, fraction: float, seed: int
+) -> tuple[MarkovSource, np.ndarray]:
+    """The shifted source of run ``seed``: :func:`shift_source` drawn from ``[seed, STREAMS["shift"]]``."""
+    return shift_source(source, fraction, rng=np.random.default_rng([seed, STREAMS["shift"]]))
+
+
+def stream_windows(
+    source: MarkovSource, n: int, length: int, *, seed: int, stream: str
+) -> WindowDataset:
+    """``n`` windows of ``length`` tokens of ``source`` drawn from ``[seed, STREAMS[stream]]``.
+
+    The windows a run of ``seed`` trains on (``stream="train"``) or is measured on
+    (``"heldout_shifted"``, ``"heldout_original"``).
+    """
+    if stream not in STREAMS:
+        raise ValueError(f"stream must be one of {sorted(STREAMS)}, got {stream!r}")
+    rng = np.random.default_rng([seed, STREAMS[stream]])
+    return WindowDataset(*source.sample_windows(n, length, rng))
+
+
 def context_losses(
     model: Any, data: WindowDataset, order: int, changed: np.ndarray
 ) -> tuple[float, float, float]:
@@ -124,9 +148,7 @@ def context_losses(
     losses, _ = token_losses(model, data.inputs, data.targets)  # (N, T)
     tokens = np.concatenate([data.inputs[:, :1], data.targets], axis=1)  # (N, T + 1)
     start = order - 1
-    index = np.zeros((len(tokens), tokens.shape[1] - order), dtype=np.int64)
-    for j in range(order):  # the context before each target, base V, oldest token first
-        index = index * model.vocab_size + tokens[:, j : j + index.shape[1]]
+    index = _ngrams(tokens[:, :-1], model.vocab_size, order)  # the context before each target
     in_changed = np.isin(index, changed)  # (N, T - order + 1)
     full = losses[:, start:]
     changed_mean, kept_mean = (
@@ -282,21 +304,15 @@ def finetune(
     base_run = default_store().run("markov_lm", **base)
     model = base_run.model  # a fresh copy: the store builds a new model on every load
     source, _ = markov_task(base_run.seed, **base_run.config["source"])
-    shifted, changed = shift_source(
-        source, fraction, rng=np.random.default_rng([seed, STREAMS["shift"]])
-    )
+    shifted, changed = seeded_shift(source, fraction, seed)
     length = model.context_length
-
-    def windows(which: MarkovSource, n: int, stream: int) -> WindowDataset:
-        return WindowDataset(
-            *which.sample_windows(n, length, np.random.default_rng([seed, stream]))
-        )
-
-    train = windows(shifted, n_train_windows, STREAMS["train"])
+    train = stream_windows(shifted, n_train_windows, length, seed=seed, stream="train")
     heldout = (
-        (shifted, windows(shifted, n_heldout_windows, STREAMS["heldout_shifted"])),
-        (source, windows(source, n_heldout_windows, STREAMS["heldout_original"])),
-    )
+        (shifted, stream_windows(shifted, n_heldout_windows, length, seed=seed,
+                                 stream="heldout_shifted")),
+        (source, stream_windows(source, n_heldout_windows, length, seed=seed,
+                                stream="heldout_original")),
+    )  # fmt: skip
     kept = np.setdiff1d(np.arange(source.n_contexts), changed)
     metrics: dict[str, float] = {
         "entropy_rate_shifted": shifted.entropy_rate,

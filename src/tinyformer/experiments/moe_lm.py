@@ -289,21 +289,15 @@ def _routing_metrics(
     batch_size: int,
 ) -> dict[str, float]:
     """Per layer: source/expert and token/expert information, load balance, dropped share."""
-    by_pair, _ = routing_counts(
+    by_pair, dropped_by_pair = routing_counts(
         model, heldout.inputs, heldout.inputs * n_sources + which[:, None],
         n_labels=vocab_size * n_sources, from_position=from_position, batch_size=batch_size,
     )  # fmt: skip
-    by_source, dropped = routing_counts(
-        model, heldout.inputs, which, n_labels=n_sources, from_position=from_position,
-        batch_size=batch_size,
-    )  # fmt: skip
-    by_token, _ = routing_counts(
-        model, heldout.inputs, heldout.inputs, n_labels=vocab_size,
-        from_position=from_position, batch_size=batch_size,
-    )  # fmt: skip
-    n_experts = by_source.shape[-1]
-    # first choices by (token, source): (L, V, S, E)
-    pairs = by_pair[:, :, 0].reshape(len(by_pair), vocab_size, n_sources, n_experts)
+    n_layers, _, k, n_experts = by_pair.shape
+    by_pair = by_pair.reshape(n_layers, vocab_size, n_sources, k, n_experts)
+    by_source, by_token = by_pair.sum(axis=1), by_pair.sum(axis=2)  # (L, S, k, E), (L, V, k, E)
+    dropped = dropped_by_pair.reshape(n_layers, vocab_size, n_sources, k).sum(axis=1)
+    pairs = by_pair[:, :, :, 0]  # first choices by (token, source): (L, V, S, E)
     metrics = {"source_token_information_bits": mutual_information_bits(pairs[0].sum(axis=-1))}
     for li in range(len(by_source)):
         first = by_source[li, :, 0]  # (S, E): first choices
