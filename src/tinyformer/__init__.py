@@ -36,7 +36,9 @@ bottom up (each uses only those above it):
 The names a user reaches for first are also here at the top level (imported on
 first use, so ``import tinyformer`` stays cheap): the models and their
 configurations, the tokenizers, the training loop and its pieces, the
-optimizers and schedules, generation, and saving and loading::
+optimizers and schedules, generation, and saving and loading (tinyformer's own
+checkpoints, and Hugging Face folders with :func:`~tinyformer.models.pretrained.save_pretrained`
+and :func:`~tinyformer.models.pretrained.from_pretrained`)::
 
     import tinyformer as tf
 
@@ -64,6 +66,7 @@ _TOP_LEVEL = {
         "BPETokenizer",
         "CharTokenizer",
         "PairDataset",
+        "WordPieceTokenizer",
         "WordTokenizer",
         "load_tokenizer",
     ),
@@ -80,6 +83,7 @@ _TOP_LEVEL = {
     "tinyformer.schedules": ("InverseSqrtSchedule", "WarmupCosineSchedule"),
     "tinyformer.generation": ("beam_search", "greedy", "sample"),
     "tinyformer.checkpoint": ("load_checkpoint", "read_checkpoint", "save_checkpoint"),
+    "tinyformer.models.pretrained": ("from_pretrained", "save_pretrained"),
 }
 _WHERE = {name: module for module, names in _TOP_LEVEL.items() for name in names}
 # __all__ spells the same names out (tools read it without running this module)
@@ -105,8 +109,10 @@ __all__ = [  # noqa: RUF022 (the version first, then the names in order)
     "Trainer",
     "WarmupCosineSchedule",
     "WindowDataset",
+    "WordPieceTokenizer",
     "WordTokenizer",
     "beam_search",
+    "from_pretrained",
     "greedy",
     "lm_loss",
     "load_checkpoint",
@@ -115,6 +121,7 @@ __all__ = [  # noqa: RUF022 (the version first, then the names in order)
     "read_checkpoint",
     "sample",
     "save_checkpoint",
+    "save_pretrained",
     "seq2seq_loss",
 ]
 

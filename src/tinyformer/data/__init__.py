@@ -2,7 +2,9 @@
 
 - :mod:`tinyformer.data.tokenizers`: special tokens, :class:`~tinyformer.data.tokenizers.CharTokenizer`,
   :class:`~tinyformer.data.tokenizers.WordTokenizer`, :class:`~tinyformer.data.tokenizers.BPETokenizer`
-  (byte-pair or WordPiece-scored merges, with a trace of every merge)
+  (byte-pair merges over bytes or characters, by frequency or by PMI, with a trace of every merge), and
+  :class:`~tinyformer.data.wordpiece.WordPieceTokenizer` (``##`` continuations, greedy
+  longest-match encoding)
 - :mod:`tinyformer.data.batching`: padding, teacher forcing, :class:`~tinyformer.data.batching.Batch` and its masks
 - :mod:`tinyformer.data.tasks`: copy, reverse and sort, with held-out splits
 - :mod:`tinyformer.data.markov`: a Markov source whose entropy rate is known exactly
@@ -29,6 +31,7 @@ from tinyformer.data.tokenizers import (
     load_tokenizer,
     tokenizer_from_dict,
 )
+from tinyformer.data.wordpiece import WordPieceTokenizer
 
 __all__ = [
     "BOS_ID",
@@ -48,6 +51,7 @@ __all__ = [
     "SequenceTask",
     "TaskSplit",
     "Tokenizer",
+    "WordPieceTokenizer",
     "WordTokenizer",
     "empirical_entropy_rate",
     "load_tokenizer",

@@ -14,23 +14,32 @@ the special tokens, the same in every vocabulary of the book:
 
 The symbols of the base alphabet follow, in order, and then (for
 :class:`~tinyformer.data.tokenizers.BPETokenizer`) the merged tokens in the order they were learned.
+A :class:`~tinyformer.data.tokenizers.BPETokenizer` may name the four reserved ids otherwise
+(``special_tokens=("<|pad|>", "<|bos|>", "<|endoftext|>", "<|unk|>")``) and add further special
+tokens after them, which shifts the alphabet up.
 
 Three granularities share this layout: :class:`~tinyformer.data.tokenizers.CharTokenizer`
 (one token per character), :class:`~tinyformer.data.tokenizers.WordTokenizer` (one token
 per word or punctuation mark) and :class:`~tinyformer.data.tokenizers.BPETokenizer`
-(subwords learned by merging pairs, with the WordPiece merge score and the
-SentencePiece-style space symbol as options).
+(subwords learned by merging pairs: over characters, with the SentencePiece-style space
+symbol as an option, or over the UTF-8 bytes of the text as GPT-2 does, with a second merge
+score as an option). A :class:`~tinyformer.data.tokenizers.BPETokenizer` is written as, and
+read from, the ``tokenizer.json`` file of Hugging Face's ``tokenizers`` library
+(:meth:`~tinyformer.data.tokenizers.BPETokenizer.to_hf_json`, :func:`load_tokenizer`).
 """
 
 from __future__ import annotations
 
+import codecs
+import functools
 import heapq
 import itertools
 import json
 import os
 import re
+import unicodedata
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +50,8 @@ from tinyformer._validation import describe, one_of, positive_int, token_ids
 
 __all__ = [
     "BOS_ID",
+    "BYTE_ALPHABET",
+    "BYTE_SYMBOLS",
     "EOS_ID",
     "N_SPECIAL",
     "PAD_ID",
@@ -49,9 +60,11 @@ __all__ = [
     "UNK_ID",
     "BPETokenizer",
     "CharTokenizer",
+    "EncodedBatch",
     "MergeStep",
     "Tokenizer",
     "WordTokenizer",
+    "gpt2_split",
     "load_tokenizer",
     "tokenizer_from_dict",
 ]
@@ -61,10 +74,13 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 N_SPECIAL = len(SPECIAL_TOKENS)
 UNKNOWN_CHAR = "\ufffd"  # how decode shows <unk>: the Unicode replacement character
 _UNKNOWN_POLICIES = ("unk", "raise")
+_ROLES = ("pad", "bos", "eos", "unk")  # what the first four special tokens stand for
+_ROLE_FIELD = "tinyformer_role"  # the key of a special token's role in a tokenizer.json
 #: The character that stands for a space with ``pretokenize="metaspace"`` (U+2581).
 SPACE_SYMBOL = "\u2581"
-MERGE_SCORES = ("frequency", "wordpiece")
-PRETOKENIZERS = ("words", "metaspace")
+MERGE_SCORES = ("frequency", "pmi")
+PRETOKENIZERS = ("words", "metaspace", "bytes")
+TIE_RULES = ("strings", "ids")
 
 
 def _check_text(text: object, name: str = "text") -> str:
@@ -107,22 +123,125 @@ def _check_corpus(corpus: object) -> list[str]:
     return docs
 
 
+def _check_special_tokens(special_tokens: object, *, roles_may_be_absent: bool) -> tuple:
+    """The special tokens' names: the four roles (pad, bos, eos, unk), then any extra ones."""
+    if isinstance(special_tokens, str) or not isinstance(special_tokens, Iterable):
+        raise TypeError(
+            "special_tokens must be a sequence of str (pad, bos, eos, unk, then any extra"
+            f" special tokens), got {describe(special_tokens)}"
+        )
+    names = tuple(special_tokens)
+    if len(names) < len(_ROLES):
+        raise ValueError(
+            "special_tokens must name at least the four reserved tokens (pad, bos, eos, unk),"
+            f" got {len(names)}: {list(names)}"
+        )
+    for k, name in enumerate(names):
+        absent_allowed = roles_may_be_absent and k < len(_ROLES)
+        if name is None and absent_allowed:
+            continue
+        if not isinstance(name, str) or not name:
+            what = "a non-empty str or None" if absent_allowed else "a non-empty str"
+            raise TypeError(f"special_tokens[{k}] must be {what}, got {describe(name)}")
+    repeated = sorted(n for n, c in Counter(n for n in names if n is not None).items() if c > 1)
+    if repeated:
+        raise ValueError(f"special_tokens must not repeat, got {repeated} more than once")
+    return names
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """Several texts' token ids, padded to one length, with the mask of the real tokens.
+
+    Attributes
+    ----------
+    ids : numpy.ndarray
+        ``(B, n)``: row ``b`` holds text ``b``'s ids, then the padding id up to length ``n``.
+    mask : numpy.ndarray of bool
+        ``(B, n)``, True at real tokens and False at padding.
+    """
+
+    ids: np.ndarray
+    mask: np.ndarray
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Number of real tokens in each row, shape ``(B,)``, int64."""
+        return self.mask.sum(axis=1, dtype=np.int64)
+
+
 class Tokenizer:
     """The vocabulary shared by every tokenizer: special tokens, then ``symbols``.
 
     Parameters
     ----------
     symbols : list of str
-        The non-special tokens, in id order; they get ids ``4, 5, ...``.
+        The non-special tokens, in id order; they get ids ``4, 5, ...`` (after
+        the special tokens).
+    special_tokens : list of str, optional
+        The names of the special tokens: the first four stand for padding,
+        beginning of sequence, end of sequence and an unknown symbol, and any
+        further ones are extra special tokens. In the default layout they take
+        ids ``0, 1, 2, ...`` in this order. Special tokens are never split, and
+        :meth:`encode` recognizes their names in a text only with
+        ``allow_special=True``.
+    vocab : list of str, optional
+        An explicit order of every token, special ones included (``vocab[i]``
+        gets id ``i``), for a vocabulary laid out by another library (read by
+        :func:`load_tokenizer`). Then any of the first four ``special_tokens``
+        may be None: the vocabulary has no token in that role.
     """
 
-    def __init__(self, symbols: Sequence[str]) -> None:
-        self._tokens = (*SPECIAL_TOKENS, *symbols)
-        self._ids = {s: i for i, s in enumerate(symbols, start=N_SPECIAL)}
+    def __init__(
+        self,
+        symbols: Sequence[str],
+        *,
+        special_tokens: Sequence[str | None] = SPECIAL_TOKENS,
+        vocab: Sequence[str] | None = None,
+    ) -> None:
+        specials = _check_special_tokens(special_tokens, roles_may_be_absent=vocab is not None)
+        names = [s for s in specials if s is not None]
+        if vocab is None:
+            tokens = (*names, *symbols)
+            special_ids = dict(zip(names, range(len(names)), strict=True))
+        else:
+            tokens = self._check_vocab(vocab, names, symbols)
+            special_ids = {t: tokens.index(t) for t in names}
+        self._tokens = tokens
+        self._vocab_given = vocab is not None
+        self._special_tokens = specials
+        self._special_ids = special_ids  # name -> id
+        self._is_special = frozenset(special_ids.values())
+        self._ids = {s: i for i, s in enumerate(tokens) if i not in self._is_special}
+        self._role_ids = tuple(
+            None if name is None else special_ids[name] for name in specials[: len(_ROLES)]
+        )
+        self._special_pattern: re.Pattern[str] | None = None
+
+    @staticmethod
+    def _check_vocab(vocab: object, names: list[str], symbols: Sequence[str]) -> tuple[str, ...]:
+        if isinstance(vocab, str) or not isinstance(vocab, Iterable):
+            raise TypeError(f"vocab must be a sequence of str, got {describe(vocab)}")
+        tokens = tuple(vocab)
+        repeated = sorted(t for t, n in Counter(tokens).items() if n > 1)
+        if repeated:
+            raise ValueError(f"vocab must not repeat tokens, got {repeated[:10]} more than once")
+        expected = set(names) | set(symbols)
+        if len(expected) != len(names) + len(symbols):
+            both = sorted(set(names) & set(symbols))
+            raise ValueError(f"special tokens {both[:10]} are also ordinary tokens of vocab")
+        if set(tokens) != expected:
+            missing = sorted(expected - set(tokens))[:10]
+            extra = sorted(set(tokens) - expected)[:10]
+            raise ValueError(
+                "vocab must hold exactly the special tokens and the tokens the alphabet and"
+                f" merges make; it lacks {missing} and has {extra} besides"
+            )
+        return tokens
 
     @property
     def tokens(self) -> tuple[str, ...]:
-        """Every token's string, indexed by id (the first four are the special tokens)."""
+        """Every token's string, indexed by id (the special tokens show their names)."""
         return self._tokens
 
     @property
@@ -130,14 +249,66 @@ class Tokenizer:
         """Number of ids, special tokens included."""
         return len(self._tokens)
 
+    @property
+    def special_tokens(self) -> tuple[str | None, ...]:
+        """The names of the special tokens (pad, bos, eos, unk, None if absent), then any extra ones."""
+        return self._special_tokens
+
+    @property
+    def pad_id(self) -> int | None:
+        """The padding token's id (``PAD_ID`` in the default layout), or None."""
+        return self._role_ids[0]
+
+    @property
+    def bos_id(self) -> int | None:
+        """The beginning-of-sequence token's id (``BOS_ID`` by default), or None."""
+        return self._role_ids[1]
+
+    @property
+    def eos_id(self) -> int | None:
+        """The end-of-sequence token's id (``EOS_ID`` by default), or None."""
+        return self._role_ids[2]
+
+    @property
+    def unk_id(self) -> int | None:
+        """The unknown token's id (``UNK_ID`` by default), or None."""
+        return self._role_ids[3]
+
+    def _role_id(self, role: str, argument: str) -> int:
+        token_id = self._role_ids[_ROLES.index(role)]
+        if token_id is None:
+            raise ValueError(
+                f"{argument} needs a {role} token, but this tokenizer has none (its"
+                f" special_tokens are {list(self._special_tokens)}); name the special token"
+                " that plays each role when reading a tokenizer.json, with"
+                " special_tokens=(pad, bos, eos, unk) (None for a role nothing plays), e.g."
+                " load_tokenizer(path, special_tokens=...)"
+            )
+        return token_id
+
     def token_to_id(self, token: str) -> int:
-        """The id of a (non-special) token string; use the ``*_ID`` constants for the others."""
+        """The id of a (non-special) token string; :meth:`special_id` gives the others."""
         if token not in self._ids:
             raise ValueError(f"token {token!r} is not in the vocabulary")
         return self._ids[token]
 
+    def special_id(self, name: str) -> int:
+        """The id of the special token called ``name``."""
+        if name not in self._special_ids:
+            raise ValueError(
+                f"{name!r} is not a special token of this tokenizer; they are"
+                f" {sorted(self._special_ids)}"
+            )
+        return self._special_ids[name]
+
     def encode(
-        self, text: str, *, add_bos: bool = False, add_eos: bool = False, unknown: str = "unk"
+        self,
+        text: str,
+        *,
+        add_bos: bool = False,
+        add_eos: bool = False,
+        unknown: str = "unk",
+        allow_special: bool = False,
     ) -> np.ndarray:
         """Token ids of ``text``, shape ``(n,)``, int64.
 
@@ -148,25 +319,131 @@ class Tokenizer:
         add_bos, add_eos : bool
             Put ``<bos>`` in front, ``<eos>`` at the end.
         unknown : str
-            ``"unk"``: a symbol outside the vocabulary becomes ``<unk>``;
-            ``"raise"``: it raises :class:`ValueError` naming it and its position.
+            ``"unk"``: a symbol outside the vocabulary becomes ``<unk>`` (or,
+            in a vocabulary read from elsewhere that has no unknown token, is
+            left out, as Hugging Face's ``tokenizers`` does); ``"raise"``: it
+            raises :class:`ValueError` naming it and its position.
+        allow_special : bool
+            False (the default): the names of special tokens are ordinary
+            text, encoded like any other characters, so a text from a user
+            cannot smuggle in an ``<eos>``. True: every occurrence of a
+            special token's name becomes that token's id (the longest name
+            wins where several start at the same place), which is what
+            ``tokenizers`` always does.
         """
         text = _check_text(text)
         if unknown not in _UNKNOWN_POLICIES:
             raise ValueError(f"unknown must be one of {_UNKNOWN_POLICIES}, got {unknown!r}")
-        ids = []
-        position = 0
-        for piece in self.tokenize(text):
-            token_id = self._ids.get(piece, UNK_ID)
-            if token_id == UNK_ID and unknown == "raise":
-                raise ValueError(
-                    f"text contains {piece!r} at position {position}, which is not in the"
-                    " vocabulary (pass unknown='unk' to map it to <unk>)"
-                )
-            ids.append(token_id)
-            position += len(piece)
-        ids = [BOS_ID] * bool(add_bos) + ids + [EOS_ID] * bool(add_eos)
+        ids = [self._role_id("bos", "add_bos")] if add_bos else []
+        offset = 0
+        for segment, special_id in self._split_special(text, allow_special):
+            if special_id is not None:
+                ids.append(special_id)
+            else:
+                if unknown == "raise":
+                    self._raise_on_unknown(segment, offset)
+                ids.extend(self._segment_ids(segment))
+            offset += len(segment)
+        if add_eos:
+            ids.append(self._role_id("eos", "add_eos"))
         return np.array(ids, dtype=np.int64)
+
+    def _split_special(self, text: str, allow: bool) -> Iterator[tuple[str, int | None]]:
+        """``text`` cut at the special tokens' names: (piece, None) or (name, its id)."""
+        if not allow or not self._special_ids:
+            yield text, None
+            return
+        if self._special_pattern is None:
+            longest_first = sorted(self._special_ids, key=len, reverse=True)
+            self._special_pattern = re.compile("|".join(map(re.escape, longest_first)))
+        start = 0
+        for match in self._special_pattern.finditer(text):
+            if match.start() > start:
+                yield text[start : match.start()], None
+            yield match.group(), self._special_ids[match.group()]
+            start = match.end()
+        if start < len(text):
+            yield text[start:], None
+
+    def _segment_ids(self, text: str) -> list[int]:
+        """The ids of a text without special tokens (unknown symbols become <unk> or go)."""
+        unk = self.unk_id
+        ids = []
+        for piece in self.tokenize(text):
+            token_id = self._ids.get(piece, unk)
+            if token_id is not None:
+                ids.append(token_id)
+        return ids
+
+    def _raise_on_unknown(self, text: str, offset: int) -> None:
+        """Raise ValueError at the first piece of ``text`` outside the vocabulary."""
+        position = offset
+        for piece in self.tokenize(text):
+            if piece not in self._ids:
+                _unknown_error(piece, position)
+            position += len(piece)
+
+    def encode_batch(
+        self,
+        texts: Sequence[str],
+        *,
+        add_bos: bool = False,
+        add_eos: bool = False,
+        pad_to: int | None = None,
+        unknown: str = "unk",
+        allow_special: bool = False,
+    ) -> EncodedBatch:
+        """Encode several texts and pad them into one ``(B, n)`` array.
+
+        Each text is encoded as by :meth:`encode` (with the same options) and
+        padded at the end with the padding token's id.
+
+        Parameters
+        ----------
+        texts : list of str
+            The texts, ``B`` of them.
+        add_bos, add_eos, unknown, allow_special
+            As in :meth:`encode`.
+        pad_to : int, optional
+            The length ``n`` of every row; by default that of the longest
+            encoded text. A text longer than ``pad_to`` raises
+            :class:`ValueError` (nothing is cut off silently).
+
+        Returns
+        -------
+        EncodedBatch
+            ``ids`` ``(B, n)`` int64 and ``mask`` ``(B, n)`` bool, True at real tokens.
+        """
+        if isinstance(texts, str) or not isinstance(texts, Iterable):
+            raise TypeError(
+                f"texts must be a list of str (use encode for one text), got {describe(texts)}"
+            )
+        texts = list(texts)
+        for k, text in enumerate(texts):
+            _check_text(text, f"texts[{k}]")
+        if pad_to is not None:
+            pad_to = positive_int(pad_to, "pad_to")
+        pad_id = self._role_id("pad", "encode_batch")
+        rows = [
+            self.encode(
+                t, add_bos=add_bos, add_eos=add_eos, unknown=unknown, allow_special=allow_special
+            )
+            for t in texts
+        ]
+        longest = max((len(r) for r in rows), default=0)
+        width = longest if pad_to is None else pad_to
+        if longest > width:
+            k = next(k for k, r in enumerate(rows) if len(r) > width)
+            raise ValueError(
+                f"texts[{k}] encodes to {len(rows[k])} tokens, more than pad_to={width}"
+                " (pass a larger pad_to, or None to pad to the longest text)"
+            )
+        ids = np.full((len(rows), width), pad_id, dtype=np.int64)  # (B, n)
+        mask = np.zeros((len(rows), width), dtype=bool)  # (B, n)
+        for b, row in enumerate(rows):
+            ids[b, : len(row)] = row
+            mask[b, : len(row)] = True
+        return EncodedBatch(ids, mask)
 
     def tokenize(self, text: str) -> list[str]:
         """Split ``text`` into token strings (symbols outside the vocabulary included)."""
@@ -175,19 +452,31 @@ class Tokenizer:
     def decode(self, ids: object, *, skip_special: bool = True) -> str:
         """The text of a sequence of ids, shape ``(n,)``.
 
-        With ``skip_special`` (the default) ``<pad>``, ``<bos>`` and ``<eos>``
-        are dropped and ``<unk>`` shows as U+FFFD; otherwise every special
-        token shows its name, e.g. ``<eos>``.
+        With ``skip_special`` (the default) the special tokens are dropped,
+        except ``<unk>``, which shows as U+FFFD; otherwise every special token
+        shows its name, e.g. ``<eos>``.
         """
+        if isinstance(ids, list | tuple) and not ids:
+            ids = np.zeros(0, dtype=np.int64)  # an empty list would come out as floats
         ids = token_ids(ids, "ids", self.vocab_size)
         if ids.ndim != 1:
             raise ValueError(f"ids must be one sequence of shape (n,), got shape {ids.shape}")
-        pieces = []
+        parts: list[str] = []
+        run: list[str] = []  # ordinary tokens since the last special token shown
         for i in ids.tolist():
-            if skip_special and i < N_SPECIAL:
-                pieces.append(UNKNOWN_CHAR if i == UNK_ID else "")
-            else:
-                pieces.append(self._tokens[i])
+            if i not in self._is_special:
+                run.append(self._tokens[i])
+                continue
+            if skip_special and i != self.unk_id:
+                continue
+            parts.append(self._join(run))
+            run = []
+            parts.append(UNKNOWN_CHAR if skip_special else self._tokens[i])
+        parts.append(self._join(run))
+        return "".join(parts)
+
+    def _join(self, pieces: list[str]) -> str:
+        """The text of consecutive ordinary tokens."""
         return "".join(pieces)
 
     def __repr__(self) -> str:
@@ -218,6 +507,13 @@ class Tokenizer:
         return self.to_dict() == other.to_dict()
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _unknown_error(symbol: str, position: int) -> None:
+    raise ValueError(
+        f"text contains {symbol!r} at position {position}, which is not in the"
+        " vocabulary (pass unknown='unk' to map it to <unk>)"
+    )
 
 
 class CharTokenizer(Tokenizer):
@@ -312,18 +608,145 @@ class WordTokenizer(Tokenizer):
         return _WORD_OR_MARK.findall(_check_text(text))
 
 
+# ------------------------------------------------------------ pre-tokenization
 # A word is a run of non-space characters with the whitespace in front of it; a
 # run of whitespace at the very end is a word of its own. Concatenating the
 # words gives back the text exactly.
 _WORD = re.compile(r"\s*\S+|\s+")
 # The same rule once spaces have become SPACE_SYMBOL: the symbol counts as whitespace.
 _METASPACE_WORD = re.compile(rf"[\s{SPACE_SYMBOL}]*[^\s{SPACE_SYMBOL}]+|[\s{SPACE_SYMBOL}]+")
+# What Python's \s matches in a str pattern (str.isspace): the same characters, spelled
+# out, let tokenizer.json files carry the two rules above to another regex engine.
+_PYTHON_SPACES = "".join(c for c in map(chr, range(0x3001)) if c.isspace())
+
+
+def _byte_symbols() -> tuple[str, ...]:
+    """GPT-2's printable character for each byte value, indexed by the byte.
+
+    The bytes that print as themselves in Latin-1 (``!`` to ``~``, ``¡`` to
+    ``¬``, ``®`` to ``ÿ``) keep their character; the other 68 (controls,
+    space, DEL, no-break space, soft hyphen) take U+0100, U+0101, ... in the
+    order of their values, so the space byte shows as ``Ġ`` and newline as ``Ċ``.
+    """
+    keeps_itself = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    symbols, moved = [], 0
+    for byte in range(256):
+        if byte in keeps_itself:
+            symbols.append(chr(byte))
+        else:
+            symbols.append(chr(0x100 + moved))
+            moved += 1
+    return tuple(symbols)
+
+
+BYTE_SYMBOLS = _byte_symbols()
+"""The character that stands for each byte value with ``pretokenize="bytes"`` (GPT-2's map)."""
+BYTE_ALPHABET = tuple(sorted(BYTE_SYMBOLS))
+"""The 256 byte symbols sorted by code point, which is the order of GPT-2's ids and of the base alphabet."""
+_BYTE_SYMBOL_SET = frozenset(BYTE_SYMBOLS)
+_SYMBOL_OF_LATIN1 = str.maketrans({chr(b): s for b, s in enumerate(BYTE_SYMBOLS)})
+_LATIN1_OF_SYMBOL = str.maketrans({s: chr(b) for b, s in enumerate(BYTE_SYMBOLS)})
+
+
+def _text_to_byte_symbols(text: str) -> str:
+    """The UTF-8 bytes of ``text`` as byte symbols.
+
+    A lone surrogate takes the 3 bytes that would encode it (Python's
+    ``"surrogatepass"``), so every str has bytes.
+    """
+    return text.encode("utf-8", "surrogatepass").decode("latin-1").translate(_SYMBOL_OF_LATIN1)
+
+
+_SURROGATEPASS = codecs.lookup_error("surrogatepass")
+
+
+def _surrogate_or_replacement(error: UnicodeError) -> tuple[str, int]:
+    """Decoding error handler: a lone surrogate's 3 bytes give it back, other bad bytes U+FFFD."""
+    try:
+        return _SURROGATEPASS(error)
+    except UnicodeDecodeError:
+        return codecs.replace_errors(error)
+
+
+_BYTES_ERRORS = "tinyformer.surrogate_or_replacement"
+codecs.register_error(_BYTES_ERRORS, _surrogate_or_replacement)
+
+
+def _byte_symbols_to_text(symbols: str) -> str:
+    """Inverse of :func:`_text_to_byte_symbols`; bytes that are not UTF-8 become U+FFFD."""
+    return symbols.translate(_LATIN1_OF_SYMBOL).encode("latin-1").decode("utf-8", _BYTES_ERRORS)
+
+
+# Unicode's White_Space characters: what \s matches in Oniguruma, the regex engine inside
+# Hugging Face's tokenizers (Python's \s also matches U+001C to U+001F, which are not).
+_WHITE_SPACE = r"\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# No letter or number lies above this code point (plane 3 holds the last CJK ideographs;
+# planes 4 to 13 are unassigned, 14 holds tags and variation selectors, 15 and 16 are
+# private use); a test checks it against the whole of unicodedata.
+_LAST_LETTER_OR_NUMBER = 0x3FFFF
+
+
+def _category_class(major: str) -> str:
+    r"""The characters of general category ``major`` (``"L"`` or ``"N"``) as ``re`` ranges."""
+    ranges: list[list[int]] = []
+    for code in range(_LAST_LETTER_OR_NUMBER + 1):
+        if unicodedata.category(chr(code))[0] == major:
+            if ranges and ranges[-1][1] == code - 1:
+                ranges[-1][1] = code
+            else:
+                ranges.append([code, code])
+    return "".join(rf"\U{lo:08x}" if lo == hi else rf"\U{lo:08x}-\U{hi:08x}" for lo, hi in ranges)
+
+
+def gpt2_split(text: str) -> list[str]:
+    r"""Cut ``text`` into pieces by GPT-2's pre-tokenization rule, emulated with Python's ``re``.
+
+    GPT-2 :cite:p:`radford2019language` cuts text into pieces with
+    ``'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+``:
+    the English contractions; a run of letters, a run of digits or a run of
+    other symbols, each with at most one space in front; and whitespace, whose
+    last space stays for the word that follows (``\s+(?!\S)`` backs off one
+    character when a non-space follows). No merge crosses a piece's edges.
+
+    Python's ``re`` has no ``\p{L}`` (letters, general category L*) or
+    ``\p{N}`` (numbers, N*), so the classes are spelled out from
+    ``unicodedata``, and ``\s`` as Unicode's White_Space characters, which
+    is what Oniguruma (the engine inside Hugging Face's ``tokenizers``)
+    matches; Python's own ``\s`` would add U+001C to U+001F. What can still
+    differ from ``tokenizers``' ByteLevel pre-tokenizer is the Unicode version:
+    a character that Python's ``unicodedata.unidata_version`` does not
+    know yet (14.0 in Python 3.11) but Oniguruma's tables do is a letter or
+    number there and an "other symbol" here. Lone surrogates, which a Python
+    str may hold and a Rust string may not, count as other symbols.
+
+    The pattern is built on first use (about 0.1 s) and kept. Concatenating
+    the pieces gives back ``text``.
+
+    Examples
+    --------
+    >>> gpt2_split("It's 2024:  café!")
+    ['It', "'s", ' 2024', ':', ' ', ' café', '!']
+    """
+    return _gpt2_pattern().findall(_check_text(text))
+
+
+@functools.cache
+def _gpt2_pattern() -> re.Pattern[str]:
+    """The compiled pattern of :func:`gpt2_split`."""
+    letters, numbers = _category_class("L"), _category_class("N")
+    return re.compile(
+        rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{letters}]+| ?[{numbers}]+"
+        rf"| ?[^{_WHITE_SPACE}{letters}{numbers}]+|[{_WHITE_SPACE}]+(?![^{_WHITE_SPACE}])"
+        rf"|[{_WHITE_SPACE}]+"
+    )
 
 
 def _pretokenize(text: str, pretokenize: str, name: str = "text") -> list[str]:
-    """The words of ``text``: as they stand, or with every space shown as SPACE_SYMBOL."""
+    """The words of ``text`` as strings of base symbols, for the given ``pretokenize``."""
     if pretokenize == "words":
         return _WORD.findall(text)
+    if pretokenize == "bytes":
+        return [_text_to_byte_symbols(piece) for piece in _gpt2_pattern().findall(text)]
     if SPACE_SYMBOL in text:
         raise ValueError(
             f"{name} contains {SPACE_SYMBOL!r} (U+2581), which pretokenize='metaspace' uses"
@@ -333,8 +756,11 @@ def _pretokenize(text: str, pretokenize: str, name: str = "text") -> list[str]:
     return _METASPACE_WORD.findall(text.replace(" ", SPACE_SYMBOL))
 
 
-def _merge_pair(word: Sequence[str], pair: tuple[str, str]) -> list[str]:
-    """Replace every occurrence of ``pair`` in ``word``, left to right, by its concatenation."""
+def _merge_pair(word: Sequence[str], pair: tuple[str, str], *, every: bool = True) -> list[str]:
+    """Replace the occurrences of ``pair`` in ``word``, left to right, by its concatenation.
+
+    With ``every=False`` only the first (leftmost) occurrence is replaced.
+    """
     left, right = pair
     out: list[str] = []
     i = 0
@@ -342,6 +768,8 @@ def _merge_pair(word: Sequence[str], pair: tuple[str, str]) -> list[str]:
         if i + 1 < len(word) and word[i] == left and word[i + 1] == right:
             out.append(left + right)
             i += 2
+            if not every:
+                return out + list(word[i:])
         else:
             out.append(word[i])
             i += 1
@@ -362,7 +790,7 @@ class MergeStep:
         How often the pair occurred over the corpus's words when it was chosen.
     score : float
         The value training maximized: ``count`` for ``score="frequency"``;
-        :math:`n_{ab} / (n_a\, n_b)` for ``score="wordpiece"``, with :math:`n_a`
+        :math:`n_{ab} / (n_a\, n_b)` for ``score="pmi"``, with :math:`n_a`
         and :math:`n_b` the counts of the two tokens in the corpus at that moment.
     n_tokens : int
         Number of tokens in the training corpus after this merge.
@@ -380,79 +808,139 @@ class MergeStep:
         return self.pair[0] + self.pair[1]
 
 
-class _PairCounts:
-    """Frequencies of adjacent symbol pairs, and of the symbols, over a weighted list of words.
+_SHIFT = 32  # a pair of token numbers (a, b) is kept as the one integer a << 32 | b
+_LOW = (1 << _SHIFT) - 1
 
-    Keeps, for each pair, the words it occurs in, so that a merge touches only
-    those words; a heap hands out the most frequent pair, ties broken by the
-    pair's strings in lexicographic order.
+
+class _PairCounts:
+    """Frequencies of adjacent token pairs over a weighted list of words, kept up to date.
+
+    Tokens are numbers (``strings[t]`` is token ``t``'s text) and a pair ``(a, b)``
+    is the integer ``a << 32 | b``. For each pair the counts hold its number of
+    occurrences (weighted by the words' counts) and the words it occurs in, so a
+    merge visits only those words and changes only the counts of the pairs next to
+    each occurrence. A heap hands out the most frequent pair; an entry whose count
+    has changed since it was pushed is pushed again with the new count when it
+    comes up (lazy deletion), so the heap is never searched. Equal counts go to the
+    pair whose ``(left, right)`` strings come first (``ties="strings"``) or whose
+    token numbers do (``ties="ids"``).
     """
 
-    def __init__(self, words: list[list[str]], weights: list[int]) -> None:
-        self.words, self.weights = words, weights
-        self.count: Counter[tuple[str, str]] = Counter()
-        self.units: Counter[str] = Counter()  # occurrences of each token
-        self.where: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
+    def __init__(
+        self,
+        words: list[list[int]],
+        weights: list[int],
+        strings: list[str],
+        *,
+        ties: str,
+        count_tokens: bool,
+    ) -> None:
+        self.words, self.weights, self.strings, self.ties = words, weights, strings, ties
+        self.count: defaultdict[int, int] = defaultdict(int)
+        self.where: defaultdict[int, set[int]] = defaultdict(set)
+        # occurrences of each token, for the pmi score only
+        self.units: Counter[int] | None = Counter() if count_tokens else None
         for i, word in enumerate(words):
-            self._add(i, word, +1)
-        self.n_tokens = sum(self.units.values())
-        self.heap = [(-n, pair) for pair, n in self.count.items()]
+            n = weights[i]
+            for a, b in itertools.pairwise(word):
+                key = a << _SHIFT | b
+                self.count[key] += n
+                self.where[key].add(i)
+            if self.units is not None:
+                for t in word:
+                    self.units[t] += n
+        self.n_tokens = sum(len(w) * n for w, n in zip(words, weights, strict=True))
+        self.heap = [self._entry(key, n) for key, n in self.count.items()]
         heapq.heapify(self.heap)
 
-    def _add(self, i: int, word: list[str], sign: int) -> None:
-        for symbol in word:
-            self.units[symbol] += sign * self.weights[i]
-        for pair in itertools.pairwise(word):
-            self.count[pair] += sign * self.weights[i]
-            if sign > 0:
-                self.where[pair].add(i)
+    def _entry(self, key: int, n: int) -> tuple:
+        """The heap entry of pair ``key`` seen ``n`` times: smallest is best."""
+        if self.ties == "ids":
+            return (-n, key)
+        return (-n, self.strings[key >> _SHIFT], self.strings[key & _LOW], key)
 
-    def wordpiece_score(self, pair: tuple[str, str]) -> float:
-        r"""The pair's count over the product of its parts' counts, :math:`n_{ab}/(n_a n_b)`."""
-        return self.count[pair] / (self.units[pair[0]] * self.units[pair[1]])
+    def pair(self, key: int) -> tuple[int, int]:
+        """The two token numbers of pair ``key``."""
+        return key >> _SHIFT, key & _LOW
 
-    def best_wordpiece(self, min_frequency: int) -> tuple[tuple[str, str], int] | None:
-        """The pair seen at least ``min_frequency`` times with the highest WordPiece score.
-
-        Ties go to the more frequent pair, then to the pair whose strings come
-        first in lexicographic order.
-        """
-        candidates = [p for p, n in self.count.items() if n >= min_frequency]
-        if not candidates:
-            return None
-        best = min(candidates, key=lambda p: (-self.wordpiece_score(p), -self.count[p], p))
-        return best, self.count[best]
-
-    def most_frequent(self) -> tuple[tuple[str, str], int] | None:
+    def most_frequent(self) -> tuple[int, int] | None:
         """The most frequent pair and its count, or None when no pair is left."""
         while self.heap:
-            neg_count, pair = heapq.heappop(self.heap)
-            if self.count.get(pair, 0) == -neg_count > 0:  # else a stale entry
-                return pair, -neg_count
+            entry = heapq.heappop(self.heap)
+            key, n = entry[-1], -entry[0]
+            current = self.count.get(key, 0)
+            if current == n:
+                return key, n
+            if current > 0:  # stale: its count has changed since it was pushed
+                heapq.heappush(self.heap, self._entry(key, current))
         return None
 
-    def merge(self, pair: tuple[str, str]) -> None:
-        """Merge ``pair`` in every word that holds it and update the counts."""
-        touched: set[tuple[str, str]] = set()
-        for i in sorted(self.where.pop(pair, ())):
-            old = self.words[i]
-            new = _merge_pair(old, pair)
-            if len(new) == len(old):
-                continue  # the pair left this word in an earlier merge
-            self._add(i, old, -1)
-            self._add(i, new, +1)
-            self.n_tokens -= self.weights[i] * (len(old) - len(new))
-            self.words[i] = new
-            touched.update(itertools.pairwise(old), itertools.pairwise(new))
-        for p in sorted(touched):
-            if self.count[p] > 0:
-                heapq.heappush(self.heap, (-self.count[p], p))
-            else:
-                del self.count[p]
+    def pmi(self, key: int) -> float:
+        r"""The pair's count over the product of its parts' counts, :math:`n_{ab}/(n_a n_b)`."""
+        a, b = self.pair(key)
+        return self.count[key] / (self.units[a] * self.units[b])
+
+    def highest_pmi(self, min_frequency: int) -> tuple[int, int] | None:
+        """The pair seen at least ``min_frequency`` times with the highest :meth:`pmi`.
+
+        Ties go to the more frequent pair, then by the tie rule. The score of a
+        pair changes whenever either part's count does, so every pair is scored
+        again at every merge.
+        """
+        candidates = [key for key, n in self.count.items() if n >= min_frequency]
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda k: (-self.pmi(k), *self._entry(k, self.count[k])))
+        return best, self.count[best]
+
+    def merge(self, key: int, new: int) -> None:
+        """Merge pair ``key`` into token ``new`` in every word that holds it; update the counts.
+
+        As the occurrences are replaced left to right, an occurrence with token
+        ``p`` before it turns the pair ``(p, a)`` into ``(p, new)``, and one with
+        ``q`` after it turns ``(b, q)`` into ``(new, q)``; nothing else changes.
+        """
+        a, b = self.pair(key)
+        count, where, grown = self.count, self.where, set()
+        for i in self.where.pop(key, ()):
+            word, n = self.words[i], self.weights[i]
+            out: list[int] = []
+            k, length, merged = 0, len(word), 0
+            while k < length:
+                if word[k] == a and k + 1 < length and word[k + 1] == b:
+                    if out:  # the token before, possibly made by this merge a moment ago
+                        p = out[-1]
+                        count[p << _SHIFT | a] -= n
+                        grown.add(p << _SHIFT | new)
+                        count[p << _SHIFT | new] += n
+                        where[p << _SHIFT | new].add(i)
+                    if k + 2 < length:
+                        q = word[k + 2]
+                        count[b << _SHIFT | q] -= n
+                        grown.add(new << _SHIFT | q)
+                        count[new << _SHIFT | q] += n
+                        where[new << _SHIFT | q].add(i)
+                    out.append(new)
+                    merged += 1
+                    k += 2
+                else:
+                    out.append(word[k])
+                    k += 1
+            if merged:
+                self.words[i] = out
+                self.n_tokens -= merged * n
+                if self.units is not None:
+                    self.units[a] -= merged * n
+                    self.units[b] -= merged * n
+                    self.units[new] += merged * n
+        self.count.pop(key, None)
+        for g in grown:
+            if count[g] > 0:
+                heapq.heappush(self.heap, self._entry(g, count[g]))
 
 
 class BPETokenizer(Tokenizer):
-    r"""Byte-pair encoding over a character alphabet.
+    r"""Byte-pair encoding over a character alphabet or over the UTF-8 bytes of the text.
 
     As in :cite:t:`sennrich2016neural`, training starts from single characters and repeatedly merges the most
     frequent adjacent pair of tokens into a new token, until the vocabulary
@@ -466,11 +954,11 @@ class BPETokenizer(Tokenizer):
     back the text, so ``decode(encode(text)) == text`` for every text made of
     the alphabet's characters.
 
-    **Unknown symbols.** The base alphabet is a set of characters (those of
-    the training corpus, or one given explicitly), not the 256 byte values of
-    byte-level BPE: a character outside it is encoded as ``<unk>`` (or raises,
-    with ``unknown="raise"``). This keeps the vocabularies of the book small
-    and the merges readable.
+    **Unknown symbols.** With ``pretokenize="words"`` or ``"metaspace"`` the
+    base alphabet is a set of characters (those of the training corpus, or one
+    given explicitly): a character outside it is encoded as ``<unk>`` (or
+    raises, with ``unknown="raise"``). This keeps the vocabularies of the book
+    small and the merges readable.
 
     **Spaces as a symbol.** With ``pretokenize="metaspace"`` every space is
     replaced by the visible symbol ``"\u2581"`` (:data:`SPACE_SYMBOL`) before
@@ -480,44 +968,103 @@ class BPETokenizer(Tokenizer):
     spaces. Unlike SentencePiece, no symbol is added in front of the text and
     runs of spaces are kept, so the round trip is exact.
 
+    **Bytes.** With ``pretokenize="bytes"`` the base alphabet is the 256 byte
+    values, as in GPT-2 :cite:p:`radford2019language`: a text is cut into
+    pieces by GPT-2's rule (:func:`gpt2_split`), each piece is written as its
+    UTF-8 bytes, and merges join bytes. Every byte has a token, so no text is
+    ever unknown and ``decode(encode(text)) == text`` for every str. A byte is
+    shown by GPT-2's printable character for it (:data:`BYTE_SYMBOLS`: ``Ġ``
+    for the space, ``Ċ`` for a newline), so tokens read like ``"Ġriver"`` and
+    are the strings of Hugging Face's ByteLevel BPE; the alphabet is in the
+    order of GPT-2's ids (:data:`BYTE_ALPHABET`). A lone surrogate (a str may
+    hold one, UTF-8 may not) is written as the three bytes that would encode
+    it, so it too comes back; :meth:`decode` turns bytes that are not UTF-8
+    (which a model can produce) into U+FFFD, as ``tokenizers`` does.
+
     Parameters
     ----------
-    alphabet : str or list of str
+    alphabet : str or list of str, optional
         The base characters, in id order (ids ``4, 5, ...``). With
         ``pretokenize="metaspace"`` a space in it stands for :data:`SPACE_SYMBOL`.
+        Required, except with ``pretokenize="bytes"``, where it defaults to
+        the 256 byte symbols (:data:`BYTE_ALPHABET`).
     merges : list of (str, str)
         The learned merges in order; each side must be a token that exists
         when the merge is made. Usually made by :meth:`train`.
     pretokenize : str
-        ``"words"`` (a word keeps the whitespace in front of it) or
-        ``"metaspace"`` (spaces become :data:`SPACE_SYMBOL` first).
+        ``"words"`` (a word keeps the whitespace in front of it),
+        ``"metaspace"`` (spaces become :data:`SPACE_SYMBOL` first) or
+        ``"bytes"`` (GPT-2's pieces, written in bytes).
+    special_tokens : list of str, optional
+        The names of the four reserved ids (padding, beginning of sequence,
+        end of sequence, unknown), then any extra special tokens, which take
+        the ids after them; see :class:`Tokenizer`.
+    vocab : list of str, optional
+        An explicit id order, for a vocabulary read from a ``tokenizer.json``
+        whose ids are laid out otherwise (:meth:`from_hf_json`).
+    ignore_merges : bool
+        Encode a word that is itself a token as that token without replaying
+        the merges, as ``tokenizers`` does with its option of that name
+        (:meth:`from_hf_json` sets it from the file).
     """
 
     def __init__(
         self,
-        alphabet: str | Iterable[str],
-        merges: Sequence[tuple[str, str]] = (),
+        alphabet: str | Iterable[str] | None = None,
+        merges: Iterable[tuple[str, str]] = (),
         *,
         pretokenize: str = "words",
+        special_tokens: Sequence[str | None] = SPECIAL_TOKENS,
+        vocab: Sequence[str] | None = None,
+        ignore_merges: bool = False,
     ) -> None:
         self.pretokenize = one_of(pretokenize, PRETOKENIZERS, "pretokenize")
-        alphabet = _check_alphabet(alphabet)
-        if pretokenize == "metaspace":
-            alphabet = _check_alphabet(SPACE_SYMBOL if s == " " else s for s in alphabet)
-        self.alphabet = alphabet
+        self.alphabet = self._base_alphabet(alphabet, pretokenize)
+        if not isinstance(ignore_merges, bool):
+            raise TypeError(f"ignore_merges must be a bool, got {describe(ignore_merges)}")
+        self.ignore_merges = ignore_merges
+        if isinstance(merges, str) or not isinstance(merges, Iterable):
+            raise TypeError(f"merges must be a list of (str, str) pairs, got {describe(merges)}")
         symbols = list(self.alphabet)
         known = set(symbols)
         self._ranks: dict[tuple[str, str], int] = {}
+        self._makes_new: set[int] = set()  # the ranks of the merges that first make their token
+        self._merges: list[tuple[str, str]] = []
         for rank, merge in enumerate(merges):
             pair = self._check_merge(merge, rank, known)
+            self._merges.append(pair)
             self._ranks.setdefault(pair, rank)
             if pair[0] + pair[1] not in known:
                 known.add(pair[0] + pair[1])
                 symbols.append(pair[0] + pair[1])
-        self._merges = [(m[0], m[1]) for m in merges]
+                self._makes_new.add(rank)
         self._trace: list[MergeStep] | None = None
         self._cache: dict[str, list[str]] = {}
-        super().__init__(symbols)
+        self._in_alphabet = frozenset(self.alphabet)
+        super().__init__(symbols, special_tokens=special_tokens, vocab=vocab)
+
+    @staticmethod
+    def _base_alphabet(alphabet: object, pretokenize: str) -> tuple[str, ...]:
+        if pretokenize == "bytes":
+            if alphabet is None:
+                return BYTE_ALPHABET
+            symbols = _check_alphabet(alphabet)
+            outside = [s for s in symbols if s not in _BYTE_SYMBOL_SET]
+            if outside:
+                raise ValueError(
+                    "with pretokenize='bytes' the alphabet must hold byte symbols"
+                    f" (BYTE_SYMBOLS), got {outside[:10]}"
+                )
+            return symbols
+        if alphabet is None:
+            raise TypeError(
+                f"alphabet is required with pretokenize={pretokenize!r} (only 'bytes' has a"
+                " fixed alphabet)"
+            )
+        symbols = _check_alphabet(alphabet)
+        if pretokenize == "metaspace":
+            symbols = _check_alphabet(SPACE_SYMBOL if s == " " else s for s in symbols)
+        return symbols
 
     @staticmethod
     def _check_merge(merge: object, rank: int, known: set[str]) -> tuple[str, str]:
@@ -545,89 +1092,154 @@ class BPETokenizer(Tokenizer):
         min_frequency: int = 2,
         score: str = "frequency",
         pretokenize: str = "words",
+        ties: str = "strings",
+        special_tokens: Sequence[str] = SPECIAL_TOKENS,
     ) -> BPETokenizer:
         r"""Learn merges from ``corpus`` until the vocabulary has ``vocab_size`` ids.
 
         Each step merges the adjacent pair :math:`(a, b)` with the highest score:
 
         .. math:: \text{frequency: } n_{ab}, \qquad
-                  \text{wordpiece: } \frac{n_{ab}}{n_a\, n_b},
+                  \text{pmi: } \frac{n_{ab}}{n_a\, n_b},
 
         where :math:`n_{ab}` counts the pair and :math:`n_a`, :math:`n_b` the
         two tokens in the corpus as currently segmented. The first is byte-pair
-        encoding :cite:p:`sennrich2016neural`; the second is the merge score
-        commonly used for WordPiece :cite:p:`schuster2012japanese,wu2016google`,
-        which prefers pairs whose parts rarely occur apart.
+        encoding :cite:p:`sennrich2016neural`. The second ranks pairs as
+        their pointwise mutual information does (Church and Hanks, 1990), the
+        log of p(ab) / (p(a) p(b)): with the probabilities estimated by counts
+        over the N tokens of the corpus, that ratio is N times the score, and N
+        is the same for every pair of a step, so the order is the same. It prefers pairs whose parts
+        rarely occur apart, however rare they are. It is the merge score
+        commonly given for WordPiece :cite:p:`schuster2012japanese,wu2016google`,
+        but merging by it is not WordPiece, which marks continuations with
+        ``##`` and encodes by greedy longest match; that tokenizer is
+        :class:`~tinyformer.data.wordpiece.WordPieceTokenizer`. (This option was
+        called ``score="wordpiece"`` before.)
 
         Parameters
         ----------
         corpus : str or list of str
             Training text (one string, or several documents).
         vocab_size : int
-            Target number of ids: 4 special tokens + the alphabet + the merged
-            tokens. Training stops earlier if no pair occurs ``min_frequency``
-            times.
+            Target number of ids: the special tokens + the alphabet + the
+            merged tokens. Training stops earlier if no pair occurs
+            ``min_frequency`` times.
         alphabet : str or list of str, optional
             The base characters; defaults to the corpus's characters, sorted.
-            Every character of the corpus must belong to it.
+            Every character of the corpus must belong to it. Not with
+            ``pretokenize="bytes"``, whose alphabet is the 256 byte values.
         min_frequency : int
             A pair seen fewer times than this is never merged (whatever its score).
         score : str
-            ``"frequency"`` or ``"wordpiece"``, as above.
+            ``"frequency"`` or ``"pmi"``, as above.
         pretokenize : str
-            ``"words"`` or ``"metaspace"`` (spaces become :data:`SPACE_SYMBOL`),
-            as in the class description.
+            ``"words"``, ``"metaspace"`` (spaces become :data:`SPACE_SYMBOL`)
+            or ``"bytes"``, as in the class description.
+        ties : str
+            How two pairs with the same score (and, for ``"pmi"``, the same
+            count) are ordered. ``"strings"``: the pair whose ``(left,
+            right)`` strings come first in code-point order, the book's rule.
+            ``"ids"``: the pair whose ``(left, right)`` ids come first, so the
+            older tokens win; this is the rule of the ``BpeTrainer`` of
+            Hugging Face's ``tokenizers``, whose queue orders equal counts by
+            the pair of ids. Its ids are laid out as ours (special tokens,
+            then the alphabet in code-point order, then each new token), so
+            on the same corpus, with the same ``vocab_size``, special tokens
+            and ``min_frequency`` (and, for bytes, ``initial_alphabet`` set to
+            all 256 bytes and the ByteLevel pre-tokenizer), training with
+            ``ties="ids"`` learns the same merges.
+        special_tokens : list of str, optional
+            The names of the reserved ids and any extra special tokens, as in
+            the class description; the corpus is read as plain text, even
+            where it holds their names.
 
         Returns
         -------
         BPETokenizer
             Its :attr:`merges` lists the learned pairs in order, :attr:`trace`
             each merge with its count, score and the corpus's length after it,
-            and :attr:`merge_counts` the counts alone. Ties between equal
-            scores go to the more frequent pair, then to the pair whose
-            ``(left, right)`` strings come first in lexicographic order, so
-            training is deterministic.
+            and :attr:`merge_counts` the counts alone. With either tie rule
+            training is deterministic and ignores the order of the documents.
         """
         docs = _check_corpus(corpus)
+        if score == "wordpiece":
+            raise ValueError(
+                "score='wordpiece' is now called score='pmi': it ranks pairs by"
+                " n_ab / (n_a n_b), WordPiece's usual merge score, but merging by it is not"
+                " WordPiece; true WordPiece (## continuations, greedy longest-match"
+                " encoding) is tinyformer.data.wordpiece.WordPieceTokenizer"
+            )
         score = one_of(score, MERGE_SCORES, "score")
+        ties = one_of(ties, TIE_RULES, "ties")
         pretokenize = one_of(pretokenize, PRETOKENIZERS, "pretokenize")
-        words = [w for doc in docs for w in _pretokenize(doc, pretokenize, "corpus")]
-        seen = set().union(*words)
+        special_tokens = _check_special_tokens(special_tokens, roles_may_be_absent=False)
+        word_counts: Counter[str] = Counter()
+        for doc in docs:
+            word_counts.update(_pretokenize(doc, pretokenize, "corpus"))
+        base = cls._training_alphabet(word_counts, alphabet, pretokenize)
+        vocab_size = positive_int(vocab_size, "vocab_size")
+        smallest = len(special_tokens) + len(base)
+        if vocab_size < smallest:
+            raise ValueError(
+                f"vocab_size must be at least {smallest} ({len(special_tokens)} special tokens +"
+                f" {len(base)} base characters), got {vocab_size}"
+            )
+        min_frequency = positive_int(min_frequency, "min_frequency")
+        strings = list(base)  # token number -> its text; merged tokens are appended
+        number = {s: t for t, s in enumerate(strings)}
+        pairs = _PairCounts(
+            [[number[s] for s in w] for w in word_counts],
+            list(word_counts.values()),
+            strings,
+            ties=ties,
+            count_tokens=score == "pmi",
+        )
+        trace: list[MergeStep] = []
+        while len(number) < vocab_size - len(special_tokens):
+            best = (
+                pairs.most_frequent() if score == "frequency" else pairs.highest_pmi(min_frequency)
+            )
+            if best is None or best[1] < min_frequency:
+                break
+            key, count = best
+            value = float(count) if score == "frequency" else pairs.pmi(key)
+            a, b = pairs.pair(key)
+            token = strings[a] + strings[b]
+            if token not in number:
+                number[token] = len(strings)
+                strings.append(token)
+            pairs.merge(key, number[token])
+            trace.append(
+                MergeStep(len(trace), (strings[a], strings[b]), count, value, pairs.n_tokens)
+            )
+        tokenizer = cls(
+            base,
+            [step.pair for step in trace],
+            pretokenize=pretokenize,
+            special_tokens=special_tokens,
+        )
+        tokenizer._trace = trace
+        return tokenizer
+
+    @staticmethod
+    def _training_alphabet(
+        word_counts: Counter[str], alphabet: object, pretokenize: str
+    ) -> tuple[str, ...]:
+        if pretokenize == "bytes":
+            if alphabet is not None:
+                raise ValueError(
+                    "alphabet must be None with pretokenize='bytes', whose alphabet is the"
+                    f" 256 byte values; got {describe(alphabet)}"
+                )
+            return BYTE_ALPHABET
+        seen = set().union(*word_counts)
         if alphabet is not None and pretokenize == "metaspace":
             alphabet = [SPACE_SYMBOL if s == " " else s for s in _check_alphabet(alphabet)]
         base = _check_alphabet(sorted(seen) if alphabet is None else alphabet)
         outside = sorted(seen - set(base))
         if outside:
             raise ValueError(f"corpus contains characters outside the alphabet: {outside[:10]}")
-        vocab_size = positive_int(vocab_size, "vocab_size")
-        smallest = N_SPECIAL + len(base)
-        if vocab_size < smallest:
-            raise ValueError(
-                f"vocab_size must be at least {smallest} ({N_SPECIAL} special tokens +"
-                f" {len(base)} base characters), got {vocab_size}"
-            )
-        min_frequency = positive_int(min_frequency, "min_frequency")
-        word_counts = Counter(words)
-        pairs = _PairCounts([list(w) for w in word_counts], list(word_counts.values()))
-        trace: list[MergeStep] = []
-        made = set(base)
-        while len(made) < vocab_size - N_SPECIAL:
-            if score == "frequency":
-                best = pairs.most_frequent()
-                if best is None or best[1] < min_frequency:
-                    break
-                value = float(best[1])
-            else:
-                best = pairs.best_wordpiece(min_frequency)
-                if best is None:
-                    break
-                value = pairs.wordpiece_score(best[0])
-            pairs.merge(best[0])
-            trace.append(MergeStep(len(trace), best[0], best[1], value, pairs.n_tokens))
-            made.add(best[0][0] + best[0][1])
-        tokenizer = cls(base, [step.pair for step in trace], pretokenize=pretokenize)
-        tokenizer._trace = trace
-        return tokenizer
+        return base
 
     @property
     def merges(self) -> list[tuple[str, str]]:
@@ -637,11 +1249,18 @@ class BPETokenizer(Tokenizer):
     kind = "bpe"
 
     def _arguments(self) -> dict[str, Any]:
-        return {
+        arguments: dict[str, Any] = {
             "alphabet": list(self.alphabet),
             "merges": [list(pair) for pair in self._merges],
             "pretokenize": self.pretokenize,
         }
+        if self.special_tokens != SPECIAL_TOKENS:
+            arguments["special_tokens"] = list(self.special_tokens)
+        if self._vocab_given:
+            arguments["vocab"] = list(self.tokens)
+        if self.ignore_merges:
+            arguments["ignore_merges"] = True
+        return arguments
 
     @property
     def merge_counts(self) -> list[int] | None:
@@ -662,9 +1281,12 @@ class BPETokenizer(Tokenizer):
         """Split ``text`` into token strings, using the first ``n_merges`` merges (default all).
 
         Characters outside the alphabet come out as themselves (``encode``
-        turns them into ``<unk>``). Growing ``n_merges`` from 0 shows the
-        segmentation coarsen merge by merge. With ``pretokenize="metaspace"``
-        the spaces of ``text`` come out as :data:`SPACE_SYMBOL`.
+        turns them into ``<unk>``; a vocabulary without an unknown token,
+        read from elsewhere, leaves them out, as ``tokenizers`` does). Growing
+        ``n_merges`` from 0 shows the segmentation coarsen merge by merge.
+        With ``pretokenize="metaspace"`` the spaces of ``text`` come out as
+        :data:`SPACE_SYMBOL`; with ``"bytes"`` the tokens are strings of byte
+        symbols (:data:`BYTE_SYMBOLS`).
         """
         text = _check_text(text)
         if n_merges is None:
@@ -675,15 +1297,42 @@ class BPETokenizer(Tokenizer):
             if not 0 <= n_merges <= len(self._merges):
                 raise ValueError(f"n_merges must be in [0, {len(self._merges)}], got {n_merges}")
             limit = n_merges
-        words = _pretokenize(text, self.pretokenize)
-        return [t for word in words for t in self._segment(word, limit)]
+        pieces: list[str] = []
+        for word in _pretokenize(text, self.pretokenize):
+            if self.ignore_merges and limit == len(self._merges) and word in self._ids:
+                pieces.append(word)
+                continue
+            if self.unk_id is None and not self._in_alphabet.issuperset(word):
+                known = "".join(s for s in word if s in self._in_alphabet)
+                pieces.extend(self._segment(known, limit))
+            else:
+                pieces.extend(self._segment(word, limit))
+        return pieces
+
+    def _raise_on_unknown(self, text: str, offset: int) -> None:
+        for k, char in enumerate(text):
+            if self.pretokenize == "bytes":
+                symbols = _text_to_byte_symbols(char)
+            else:
+                symbols = SPACE_SYMBOL if self.pretokenize == "metaspace" and char == " " else char
+            if not self._in_alphabet.issuperset(symbols):
+                _unknown_error(char, offset + k)
 
     def decode(self, ids: object, *, skip_special: bool = True) -> str:
-        """The text of a sequence of ids, shape ``(n,)``; :data:`SPACE_SYMBOL` becomes a space.
+        """The text of a sequence of ids, shape ``(n,)``.
 
-        See :meth:`Tokenizer.decode` for ``skip_special``.
+        :data:`SPACE_SYMBOL` becomes a space again; with ``pretokenize="bytes"``
+        the bytes of consecutive tokens are read together as UTF-8, so a
+        character split across tokens comes back whole, and bytes that are not
+        UTF-8 show as U+FFFD. See :meth:`Tokenizer.decode` for ``skip_special``.
         """
-        text = super().decode(ids, skip_special=skip_special)
+        return super().decode(ids, skip_special=skip_special)
+
+    def _join(self, pieces: list[str]) -> str:
+        """Concatenate tokens; spaces come back from :data:`SPACE_SYMBOL`, text from bytes."""
+        text = "".join(pieces)
+        if self.pretokenize == "bytes":
+            return _byte_symbols_to_text(text)
         return text.replace(SPACE_SYMBOL, " ") if self.pretokenize == "metaspace" else text
 
     def _segment(self, word: str, limit: int) -> list[str]:
@@ -695,17 +1344,451 @@ class BPETokenizer(Tokenizer):
         never = len(self._merges)
         while len(pieces) > 1:
             pair = min(itertools.pairwise(pieces), key=lambda p: self._ranks.get(p, never))
-            if self._ranks.get(pair, never) >= limit:
+            rank = self._ranks.get(pair, never)
+            if rank >= limit:
                 break
-            pieces = _merge_pair(pieces, pair)
+            # A token that an earlier merge already made from other parts may begin
+            # pairs that rank before this one: then merge only the leftmost occurrence
+            # and look again (what Hugging Face's tokenizers does for every merge).
+            pieces = _merge_pair(pieces, pair, every=rank in self._makes_new)
         if full:
             self._cache[word] = list(pieces)
         return pieces
+
+    # ------------------------------------------------ Hugging Face's tokenizer.json
+    def to_hf_json(self) -> dict[str, Any]:
+        r"""Write the tokenizer as the contents of a ``tokenizer.json`` file of Hugging Face's ``tokenizers``.
+
+        ``tokenizers.Tokenizer.from_str(json.dumps(d))`` reads the result, and
+        encodes every text to the ids :meth:`Tokenizer.encode` gives with
+        ``allow_special=True`` (``tokenizers`` always recognizes the special
+        tokens' names) and no ``<bos>``/``<eos>`` (which tinyformer adds per
+        call); its ``decode`` gives our :meth:`decode`. The ids keep their
+        layout. Each way of pre-tokenizing is written exactly:
+
+        - ``"bytes"``: the ByteLevel pre-tokenizer (GPT-2's rule, no prefix
+          space) and decoder, as in GPT-2's own file. Exact for every text
+          (see :func:`gpt2_split` for the Unicode version).
+        - ``"words"``: a Split pre-tokenizer with our word rule, Python's
+          ``\s`` spelled out as the characters it matches, and the Fuse
+          decoder (concatenation).
+        - ``"metaspace"``: a Replace normalizer (space to :data:`SPACE_SYMBOL`),
+          the same Split on the symbol too, and a decoder that turns the
+          symbol back into spaces before concatenating. A text holding
+          :data:`SPACE_SYMBOL` itself, which :meth:`Tokenizer.encode` refuses, is
+          encoded by ``tokenizers`` as if it held a space.
+
+        Two differences remain outside these: ``decode`` there drops
+        ``<unk>`` (a special token) where ours shows U+FFFD, and for bytes
+        that encode a lone surrogate ours gives the surrogate back where
+        ``tokenizers`` gives three U+FFFD.
+
+        The file has no field for the role a special token plays, so each
+        added token that plays one carries a ``"tinyformer_role"`` entry
+        (``"pad"``, ``"bos"``, ``"eos"`` or ``"unk"``), which ``tokenizers``
+        and ``transformers`` ignore and :meth:`from_hf_json` reads: the
+        roles come back whatever the tokens are called. (``tokenizers``
+        drops the entry when it saves the file again; then only the default
+        names, a ``tokenizer_config.json`` or ``special_tokens=`` give the
+        roles.)
+
+        Raises
+        ------
+        ValueError
+            If the file could not say the same thing: a special token's name
+            is also an ordinary token (the file has one id per string), or a
+            pair is merged twice.
+        """
+        names = set(self._special_ids)
+        clash = sorted(names & self._ids.keys())
+        if clash:
+            raise ValueError(
+                f"cannot write a tokenizer.json: the special tokens {clash} are also ordinary"
+                " tokens of the vocabulary, and the file gives each string one id; rename them"
+                " with special_tokens"
+            )
+        repeated = sorted(p for p, n in Counter(self._merges).items() if n > 1)
+        if repeated:
+            raise ValueError(f"cannot write a tokenizer.json: merges repeat {repeated[:5]}")
+        added = _hf_added_tokens(self)
+        model = {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": self.special_tokens[3],
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": self.ignore_merges,
+            "vocab": {token: i for i, token in enumerate(self._tokens)},
+            "merges": [list(pair) for pair in self._merges],
+        }
+        normalizer, pre_tokenizer, decoder = _hf_pipeline(self.pretokenize)
+        return {
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": added,
+            "normalizer": normalizer,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": None,
+            "decoder": decoder,
+            "model": model,
+        }
+
+    @classmethod
+    def from_hf_json(
+        cls,
+        d: Mapping[str, Any],
+        *,
+        special_tokens: Sequence[str | None] | None = None,
+        tokenizer_config: Mapping[str, Any] | None = None,
+    ) -> BPETokenizer:
+        """Read the contents of a ``tokenizer.json`` file holding a BPE model.
+
+        Reads the files :meth:`to_hf_json` writes and those that
+        ``tokenizers`` writes for a byte-level BPE (the ByteLevel
+        pre-tokenizer without prefix space and the ByteLevel decoder, as
+        ``ByteLevelBPETokenizer`` or GPT-2's file has), with their ids as they
+        are: the result encodes every text as ``tokenizers`` does with that
+        file (with ``allow_special=True``). Anything else is refused by name:
+        another normalizer, pre-tokenizer, post-processor or decoder,
+        truncation or padding settings, dropout, continuing-subword prefixes
+        or end-of-word suffixes, byte fallback, added tokens that are not
+        special or that strip spaces.
+
+        Parameters
+        ----------
+        d : dict
+            The parsed JSON.
+        special_tokens : list of str or None, optional
+            The names of the padding, beginning, end and unknown tokens (None
+            where the file has none); the file's other special tokens follow
+            as extras. By default each role goes to a special token only on
+            evidence (see :func:`load_tokenizer`), never by its id.
+        tokenizer_config : dict, optional
+            The parsed ``tokenizer_config.json`` that sits next to the file:
+            its ``pad_token``, ``bos_token``, ``eos_token`` and ``unk_token``
+            (strings, or dicts with a ``"content"``) name the roles. Ignored
+            when ``special_tokens`` is given.
+        """
+        if not isinstance(d, Mapping):
+            raise TypeError(f"d must be a dict read from a tokenizer.json, got {describe(d)}")
+        model = d.get("model")
+        if not isinstance(model, Mapping) or model.get("type") != "BPE":
+            kind = model.get("type") if isinstance(model, Mapping) else None
+            raise ValueError(f"tokenizer.json holds a {kind!r} model; BPETokenizer reads 'BPE'")
+        pretokenize = _hf_pretokenize(d)
+        _check_hf_model(model)
+        tokens, specials, recorded = _hf_tokens(d, model)
+        merges = _hf_merges(model["merges"])
+        single = [t for t in tokens if t not in specials and len(t) == 1]
+        unk = model.get("unk_token")
+        if unk is not None and unk not in specials:
+            raise ValueError(f"tokenizer.json's unk_token {unk!r} is not a special added token")
+        # Without an unk_token, tokenizers leaves unknown symbols out; a role for <unk> would
+        # change that, unless the alphabet holds every byte and nothing can be unknown.
+        unk_unused = unk is None and pretokenize == "bytes" and len(single) == len(BYTE_SYMBOLS)
+        roles = _hf_roles(
+            special_tokens,
+            specials,
+            unk,
+            recorded=recorded,
+            config=tokenizer_config,
+            unk_unused=unk_unused,
+        )
+        names = (*roles, *(s for s in specials if s not in roles))
+        options = {"pretokenize": pretokenize, "ignore_merges": bool(model.get("ignore_merges"))}
+        if None not in roles:
+            native = cls(single, merges, special_tokens=names, **options)
+            if native.tokens == tokens:
+                return native
+        return cls(single, merges, special_tokens=names, vocab=tokens, **options)
+
+
+def _hf_split_pattern(pretokenize: str) -> str:
+    r"""Our word rule in the regex syntax of tokenizers' Split, with ``\s`` spelled out."""
+    spaces = _PYTHON_SPACES + (SPACE_SYMBOL if pretokenize == "metaspace" else "")
+    return f"[{spaces}]*[^{spaces}]+|[{spaces}]+"
+
+
+def _hf_pipeline(pretokenize: str) -> tuple[Any, Any, Any]:
+    """The normalizer, pre-tokenizer and decoder of a tokenizer.json for ``pretokenize``."""
+    if pretokenize == "bytes":
+        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True}
+        return None, {**byte_level, "use_regex": True}, {**byte_level, "use_regex": True}
+    split = {
+        "type": "Split",
+        "pattern": {"Regex": _hf_split_pattern(pretokenize)},
+        "behavior": "Isolated",
+        "invert": False,
+    }
+    if pretokenize == "words":
+        return None, split, {"type": "Fuse"}
+    to_symbol = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE_SYMBOL}
+    to_space = {"type": "Replace", "pattern": {"String": SPACE_SYMBOL}, "content": " "}
+    return to_symbol, split, {"type": "Sequence", "decoders": [to_space, {"type": "Fuse"}]}
+
+
+def _adds_nothing(post: object) -> bool:
+    """Whether a tokenizer.json post-processor leaves a single text's ids as they are.
+
+    GPT-2's ``ByteLevel`` one changes offsets only; the ``TemplateProcessing`` that
+    ``transformers`` writes for a tokenizer with no tokens to add is the text alone.
+    """
+    if not isinstance(post, Mapping):
+        return False
+    if post.get("type") == "ByteLevel":
+        return True
+    alone = [{"Sequence": {"id": "A", "type_id": 0}}]
+    return (
+        post.get("type") == "TemplateProcessing"
+        and post.get("single") == alone
+        and not post.get("special_tokens")
+    )
+
+
+def _hf_pretokenize(d: Mapping[str, Any]) -> str:
+    """Which of our ``pretokenize`` the file's pipeline is; refuse it by name if none."""
+    for key in ("truncation", "padding"):
+        if d.get(key) is not None:
+            raise ValueError(
+                f"tokenizer.json sets {key} ({d[key]!r}), which tinyformer does not read;"
+                f" set it to null (tinyformer pads with encode_batch)"
+            )
+    post = d.get("post_processor")
+    if post is not None and not _adds_nothing(post):
+        kind = post.get("type") if isinstance(post, Mapping) else post
+        raise ValueError(
+            f"tokenizer.json has a {kind!r} post-processor, which adds tokens; tinyformer adds"
+            " <bos>/<eos> per call (encode's add_bos, add_eos) and reads only files without one"
+        )
+    found = (d.get("normalizer"), d.get("pre_tokenizer"), d.get("decoder"))
+    pre = found[1]
+    if isinstance(pre, Mapping) and pre.get("type") == "ByteLevel":
+        if pre.get("add_prefix_space") or not pre.get("use_regex", True):
+            raise ValueError(
+                "tokenizer.json's ByteLevel pre-tokenizer has add_prefix_space=true or"
+                " use_regex=false; tinyformer reads GPT-2's setting (false, true)"
+            )
+        if found[0] is not None:
+            raise ValueError(
+                f"tokenizer.json has a normalizer ({found[0]!r}); tinyformer reads none"
+            )
+        decoder = found[2]
+        if not (isinstance(decoder, Mapping) and decoder.get("type") == "ByteLevel"):
+            raise ValueError(f"tokenizer.json's decoder {decoder!r} is not the ByteLevel decoder")
+        return "bytes"
+    for pretokenize in ("words", "metaspace"):
+        if list(found) == list(_hf_pipeline(pretokenize)):
+            return pretokenize
+    kind = pre.get("type") if isinstance(pre, Mapping) else pre
+    raise ValueError(
+        f"tokenizer.json's pre-tokenizer {kind!r} (with its normalizer and decoder) is not one"
+        " tinyformer reads: ByteLevel (GPT-2's), or the Split rules that"
+        " BPETokenizer.to_hf_json writes"
+    )
+
+
+def _check_hf_model(model: Mapping[str, Any]) -> None:
+    """Refuse by name the BPE options whose encoding tinyformer does not reproduce."""
+    unread = {
+        "dropout": model.get("dropout") not in (None, 0, 0.0),
+        "continuing_subword_prefix": model.get("continuing_subword_prefix") not in (None, ""),
+        "end_of_word_suffix": model.get("end_of_word_suffix") not in (None, ""),
+        "byte_fallback": bool(model.get("byte_fallback")),
+        "fuse_unk": bool(model.get("fuse_unk")),
+    }
+    named = [k for k, v in unread.items() if v]
+    if named:
+        raise ValueError(
+            f"tokenizer.json's BPE model sets {', '.join(named)}, which tinyformer's"
+            " BPETokenizer does not implement"
+        )
+    if not isinstance(model.get("vocab"), Mapping) or not isinstance(model.get("merges"), list):
+        raise TypeError("tokenizer.json's BPE model must hold a vocab object and a merges list")
+
+
+def _hf_added_tokens(tokenizer: Tokenizer) -> list[dict[str, Any]]:
+    """The ``added_tokens`` of a tokenizer.json: the special tokens, each with its role if any."""
+    roles = dict(zip(tokenizer.special_tokens, _ROLES, strict=False))
+    added = []
+    for i in sorted(tokenizer._is_special):
+        content = tokenizer.tokens[i]
+        entry = {
+            "id": i,
+            "content": content,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        if content in roles:
+            entry[_ROLE_FIELD] = roles[content]
+        added.append(entry)
+    return added
+
+
+def _hf_tokens(
+    d: Mapping[str, Any], model: Mapping[str, Any]
+) -> tuple[tuple[str, ...], list[str], dict[str, str]]:
+    """Every token in id order, the special tokens in id order, and the roles recorded."""
+    by_id: dict[int, str] = {}
+    for token, i in model["vocab"].items():
+        if i in by_id:
+            raise ValueError(f"tokenizer.json gives id {i} to both {by_id[i]!r} and {token!r}")
+        by_id[i] = token
+    specials = []
+    recorded: dict[str, str] = {}  # role -> name, as to_hf_json writes them
+    for entry in d.get("added_tokens") or []:
+        content, i = entry.get("content"), entry.get("id")
+        if not entry.get("special"):
+            raise ValueError(
+                f"tokenizer.json adds the token {content!r} (id {i}) as an ordinary token;"
+                " tinyformer reads special added tokens only"
+            )
+        strips = [k for k in ("single_word", "lstrip", "rstrip") if entry.get(k)]
+        if strips or (entry.get("normalized") and d.get("normalizer") is not None):
+            raise ValueError(
+                f"tokenizer.json's special token {content!r} sets"
+                f" {', '.join(strips) or 'normalized'}, which tinyformer does not implement"
+            )
+        if by_id.get(i, content) != content:
+            raise ValueError(f"tokenizer.json gives id {i} to both {by_id[i]!r} and {content!r}")
+        by_id[i] = content
+        specials.append((i, content))
+        role = entry.get(_ROLE_FIELD)
+        if role is not None:
+            if role not in _ROLES or role in recorded:
+                raise ValueError(
+                    f"tokenizer.json's special token {content!r} has {_ROLE_FIELD} {role!r};"
+                    f" expected one of {list(_ROLES)}, each at most once"
+                )
+            recorded[role] = content
+    if sorted(by_id) != list(range(len(by_id))):
+        raise ValueError("tokenizer.json's ids must run from 0 without gaps")
+    tokens = tuple(by_id[i] for i in range(len(by_id)))
+    return tokens, [c for _, c in sorted(specials)], recorded
+
+
+def _hf_merges(merges: list[Any]) -> list[tuple[str, str]]:
+    """The merges as pairs, from either spelling (``["a", "b"]`` or the older ``"a b"``)."""
+    pairs = []
+    for k, merge in enumerate(merges):
+        parts = merge.split(" ") if isinstance(merge, str) else merge
+        if not (isinstance(parts, list) and len(parts) == 2):
+            raise ValueError(f"tokenizer.json's merges[{k}] must be a pair, got {merge!r}")
+        pairs.append((parts[0], parts[1]))
+    return pairs
+
+
+def _hf_roles(
+    given: Sequence[str | None] | None,
+    specials: list[str],
+    unk: str | None,
+    *,
+    recorded: Mapping[str, str],
+    config: Mapping[str, Any] | None,
+    unk_unused: bool,
+) -> tuple[str | None, ...]:
+    """The names of the pad, bos, eos and unk tokens of a tokenizer.json (None if absent).
+
+    A role goes to a special token only on evidence, never by its id: ``given``
+    (the caller's ``special_tokens``) decides alone; otherwise the model's
+    ``unk_token`` is the unknown token, ``config`` (a tokenizer_config.json)
+    names roles (a token it names for several keeps the first of eos, bos, pad and
+    unk: GPT-2's ``<|endoftext|>`` becomes the end-of-sequence token), and then the
+    roles recorded by :meth:`BPETokenizer.to_hf_json`
+    (or, in a file without them, tinyformer's default names) fill the roles
+    still free.
+    """
+    if given is not None:
+        roles = _check_special_tokens(given, roles_may_be_absent=True)
+        if len(roles) != len(_ROLES):
+            raise ValueError(
+                f"special_tokens must name exactly pad, bos, eos and unk, got {roles}"
+            )
+        missing = [r for r in roles if r is not None and r not in specials]
+        if missing:
+            raise ValueError(f"special_tokens {missing} are not special tokens of the file")
+        if unk is not None and roles[3] != unk:
+            raise ValueError(f"the file's unk_token is {unk!r}, so special_tokens[3] must be too")
+        return roles
+    found: dict[str, str] = {} if unk is None else {"unk": unk}
+    named = _config_roles(config, specials)
+    for role in _CONFIG_ROLE_ORDER:
+        name = named.get(role)
+        if name is None:
+            continue
+        if found.get(role, name) != name:
+            raise ValueError(
+                f"tokenizer_config.json's unk_token is {name!r} but tokenizer.json's is"
+                f" {unk!r}; name the roles with special_tokens=(pad, bos, eos, unk)"
+            )
+        if name not in found.values():
+            # one token may play several roles in transformers (GPT-2's <|endoftext|> is
+            # bos, eos and unk); a tinyformer tokenizer gives each special token one role,
+            # the first of _CONFIG_ROLE_ORDER, and leaves the others empty
+            found[role] = name
+    if recorded:
+        weaker = dict(recorded)
+    else:
+        weaker = {r: n for r, n in zip(_ROLES, SPECIAL_TOKENS, strict=True) if n in specials}
+    for role, name in weaker.items():
+        if role not in found and name not in found.values():
+            found[role] = name
+    if unk is None and not unk_unused:
+        # tokenizers leaves unknown symbols out; an unknown token would change the ids
+        found.pop("unk", None)
+    return tuple(found.get(role) for role in _ROLES)
+
+
+_CONFIG_ROLE_ORDER = ("eos", "bos", "pad", "unk")
+"""The order in which a tokenizer_config.json's roles are taken when one token plays several."""
+
+
+def _config_roles(config: Mapping[str, Any] | None, specials: list[str]) -> dict[str, str]:
+    """The roles a tokenizer_config.json names (``pad_token`` ...), each a special token."""
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"tokenizer_config must be a dict read from a tokenizer_config.json, got"
+            f" {describe(config)}"
+        )
+    roles: dict[str, str] = {}
+    for role in _ROLES:
+        key = f"{role}_token"
+        value = config.get(key)
+        if value is None:
+            continue
+        name = value.get("content") if isinstance(value, Mapping) else value
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"tokenizer_config.json's {key} must be a non-empty str or a dict with one in"
+                f" 'content', got {describe(value)}"
+            )
+        if name not in specials:
+            raise ValueError(
+                f"tokenizer_config.json's {key} is {name!r}, which is not a special token of"
+                f" the tokenizer.json (they are {specials[:10]}); name the roles with"
+                " special_tokens=(pad, bos, eos, unk)"
+            )
+        roles[role] = name
+    return roles
 
 
 _KINDS: dict[str, type[Tokenizer]] = {
     cls.kind: cls for cls in (CharTokenizer, WordTokenizer, BPETokenizer)
 }
+_LAZY_KINDS = {"wordpiece": ("tinyformer.data.wordpiece", "WordPieceTokenizer")}
+
+
+def _lazy_class(kind: str) -> type[Tokenizer]:
+    """The class of a ``kind`` that lives in a module of its own, imported on first use."""
+    module, name = _LAZY_KINDS[kind]
+    return getattr(__import__(module, fromlist=[name]), name)
 
 
 def tokenizer_from_dict(d: Mapping[str, Any]) -> Tokenizer:
@@ -716,27 +1799,89 @@ def tokenizer_from_dict(d: Mapping[str, Any]) -> Tokenizer:
     ValueError
         If ``d`` names no known ``kind`` or its arguments do not make a tokenizer.
     """
-    if not isinstance(d, Mapping) or d.get("kind") not in _KINDS:
+    known = sorted({*_KINDS, *_LAZY_KINDS})
+    if not isinstance(d, Mapping) or d.get("kind") not in known:
         kind = d.get("kind") if isinstance(d, Mapping) else None
         raise ValueError(
-            f"d must be a tokenizer's to_dict() with kind one of {sorted(_KINDS)}, got"
-            f" kind {kind!r}"
+            f"d must be a tokenizer's to_dict() with kind one of {known}, got kind {kind!r}"
         )
     arguments = {k: v for k, v in d.items() if k != "kind"}
     if d["kind"] == "bpe":
         merges = [tuple(pair) for pair in arguments.pop("merges", [])]
         return BPETokenizer(arguments.pop("alphabet"), merges, **arguments)
+    if d["kind"] in _LAZY_KINDS:
+        return _lazy_class(d["kind"])(**arguments)
     return _KINDS[d["kind"]](**arguments)
 
 
-def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    """Read a tokenizer from the JSON file its ``save`` method wrote.
+def load_tokenizer(
+    path: str | os.PathLike[str], *, special_tokens: Sequence[str | None] | None = None
+) -> Tokenizer:
+    """Read a tokenizer from a file: the JSON its ``save`` method wrote, or a ``tokenizer.json``.
 
-    Any tokenizer kind comes back as the class that saved it (:meth:`Tokenizer.save`).
+    A tokenizer saved by :meth:`Tokenizer.save` comes back as the class that
+    saved it. A ``tokenizer.json`` of Hugging Face's ``tokenizers`` (or a
+    folder holding one, as ``save_pretrained`` writes) comes back as a
+    :class:`BPETokenizer` for a BPE model (:meth:`BPETokenizer.from_hf_json`)
+    and as :class:`~tinyformer.data.wordpiece.WordPieceTokenizer` for a WordPiece
+    model; other models (Unigram, WordLevel) are refused by name.
+
+    A ``tokenizer.json`` does not say which special token pads, begins or
+    ends a sequence, so a role goes to a token only on evidence, never by
+    its id, strongest first: ``special_tokens``; the model's ``unk_token``
+    (the unknown token); the ``pad_token``, ``bos_token``, ``eos_token`` and
+    ``unk_token`` of a ``tokenizer_config.json`` in the same folder (read
+    when ``path`` is a folder or a file called ``tokenizer.json``); the roles
+    :meth:`BPETokenizer.to_hf_json` records in the file; in a file without
+    them, tinyformer's default names ``<pad>``, ``<bos>``, ``<eos>``,
+    ``<unk>``. A role without evidence is left out (its id is None, and
+    :meth:`Tokenizer.encode` says so when it needs it). An unknown token is
+    also left out when the model has no ``unk_token`` and could meet an
+    unknown symbol, since ``tokenizers`` drops those.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file, or a folder holding a ``tokenizer.json``.
+    special_tokens : list of str or None, optional
+        For a ``tokenizer.json`` only: the names of the padding, beginning,
+        end and unknown tokens, None where no token plays the role
+        (e.g. ``("<pad>", "<s>", "</s>", "<unk>")`` for RoBERTa's file).
     """
-    text = Path(path).read_text(encoding="utf-8")
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not a saved tokenizer (not JSON: {error})") from None
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "tokenizer.json").is_file():
+            raise ValueError(f"{path} is a folder without a tokenizer.json")
+        path = path / "tokenizer.json"
+    d = _read_json(path, "is not a saved tokenizer")
+    if isinstance(d, Mapping) and "kind" not in d and isinstance(d.get("model"), Mapping):
+        kind = d["model"].get("type")
+        config_path = path.with_name("tokenizer_config.json")
+        config = None
+        if path.name == "tokenizer.json" and config_path.is_file():
+            config = _read_json(config_path, "is not a tokenizer_config.json")
+            if not isinstance(config, Mapping):
+                raise ValueError(f"{config_path} must hold a JSON object, got {describe(config)}")
+        options = {"special_tokens": special_tokens, "tokenizer_config": config}
+        if kind == "BPE":
+            return BPETokenizer.from_hf_json(d, **options)
+        if kind == "WordPiece":
+            return _lazy_class("wordpiece").from_hf_json(d, **options)
+        raise ValueError(
+            f"{path} holds a tokenizers {kind!r} model; tinyformer reads 'BPE' and 'WordPiece'"
+        )
+    if special_tokens is not None:
+        raise ValueError(
+            f"special_tokens names the roles in a tokenizer.json, but {path} is a tokenizer"
+            " saved by tinyformer, which keeps its own special tokens; leave special_tokens"
+            " out"
+        )
     return tokenizer_from_dict(d)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """The parsed contents of a JSON file; a ValueError naming it if it is not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} {what} (not JSON: {error})") from None

@@ -2,7 +2,11 @@
 
 Its weights go through :func:`tinyformer.models.hf.from_hf_llama` into a
 ``DecoderOnlyLM``; the two models' logits agree, in the adjacent rotary layout
-(weights converted) and in the halves layout (weights as they are).
+(weights converted) and in the halves layout (weights as they are). The last tests
+need no PyTorch: GPT-2- and Llama-shaped configurations and tensors go to Hugging
+Face's names and back unchanged, and what neither layout expresses is named.
+(Folders and files, and the comparisons with ``transformers`` both ways, are in
+``test_pretrained.py``.)
 """
 
 from __future__ import annotations
@@ -12,8 +16,18 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tinyformer.models import DecoderOnlyLM
-from tinyformer.models.hf import config_from_hf_llama, from_hf_llama, hf_llama_state_dict
+from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
+from tinyformer.models.hf import (
+    config_from_hf,
+    config_from_hf_gpt2,
+    config_from_hf_llama,
+    config_to_hf,
+    from_hf_llama,
+    from_hf_state_dict,
+    hf_layout,
+    hf_llama_state_dict,
+    to_hf_state_dict,
+)
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +230,72 @@ def test_bfloat16_weights_load(torch, transformers):
     wide = {k: v.to(torch.bfloat16).float() for k, v in hf_model.state_dict().items()}
     ids = np.array([[1, 5, 9, 2]])
     np.testing.assert_array_equal(model.forward(ids), from_hf_llama(wide, config).forward(ids))
+
+
+# ---------------------------------------------- both layouts, both directions (no files)
+
+GPT2_SHAPED = {"activation": "gelu_tanh"}
+LLAMA_SHAPED = {
+    "norm": "rmsnorm", "feed_forward": "gated", "activation": "silu", "positional": "rotary",
+    "bias": False, "tie_output": False, "n_kv_heads": 2,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "layout"),
+    [
+        (GPT2_SHAPED, "gpt2"),
+        ({**GPT2_SHAPED, "attention_scale": "none", "tie_output": False, "dropout": 0.2}, "gpt2"),
+        (LLAMA_SHAPED, "llama"),
+        ({**LLAMA_SHAPED, "rotary_layout": "halves", "bias": True, "tie_output": True}, "llama"),
+        ({**LLAMA_SHAPED, "rotary_scaling": "linear", "rotary_scaling_factor": 2.0}, "llama"),
+    ],
+)
+def test_config_and_tensors_go_to_hugging_face_and_back(options, layout):
+    config = DecoderOnlyConfig(50, d_model=16, n_heads=4, d_ff=24, n_layers=2, **options)
+    assert hf_layout(config) == layout
+    hf_config = config_to_hf(config)
+    assert hf_config["model_type"] == layout
+    assert config_from_hf(hf_config) == config
+    state = DecoderOnlyLM(config, rng=np.random.default_rng(0)).state_dict()
+    theirs = to_hf_state_dict(state, config)
+    assert ("lm_head.weight" in theirs) is not config.tie_output  # tied: left out
+    back = from_hf_state_dict(theirs, config)
+    assert back.keys() == state.keys()
+    for name, value in state.items():
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+def test_layout_refusals_name_every_option_in_the_way():
+    post_norm = DecoderOnlyConfig(50, norm_first=False, positional="sinusoidal")
+    with pytest.raises(ValueError, match="no Hugging Face layout") as caught:
+        hf_layout(post_norm)
+    message = str(caught.value)
+    # the nearer layout first, then the other, each with all that is in its way
+    assert message.index("as GPT-2") < message.index("as Llama")
+    for said in ("norm_first=False", "positional='sinusoidal'", "norm='layernorm' (Llama"):
+        assert said in message
+    with pytest.raises(TypeError, match="config must be a DecoderOnlyConfig"):
+        hf_layout({"model_type": "gpt2"})
+    gpt2 = config_from_hf_gpt2(
+        {"vocab_size": 9, "n_embd": 8, "n_layer": 1, "n_head": 2, "n_positions": 4}
+    )
+    assert (gpt2.d_ff, gpt2.activation, gpt2.dropout, gpt2.tie_output) == (
+        32,
+        "gelu_tanh",
+        0.1,
+        True,
+    )
+    with pytest.raises(ValueError, match=r"lacks \['n_positions'\]"):
+        config_from_hf_gpt2({"vocab_size": 9, "n_embd": 8, "n_layer": 1, "n_head": 2})
+    with pytest.raises(ValueError, match="add_cross_attention=True is not supported"):
+        config_from_hf_gpt2({**config_to_hf(gpt2), "add_cross_attention": True})
+    with pytest.raises(ValueError, match=r"hf_config lacks"):
+        config_from_hf({"model_type": "llama"})
+    llama = DecoderOnlyConfig(50, **LLAMA_SHAPED)
+    ours = DecoderOnlyLM(llama, rng=np.random.default_rng(0)).state_dict()
+    with pytest.raises(ValueError, match="config must describe a Llama-shaped model"):
+        hf_llama_state_dict(to_hf_state_dict(ours, llama), DecoderOnlyConfig(50))
+    del ours["output.weight"]
+    with pytest.raises(ValueError, match=r"missing \['output.weight'\], extra \[\]"):
+        to_hf_state_dict(ours, llama)
