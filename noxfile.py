@@ -198,16 +198,16 @@ def docs(session: nox.Session) -> None:
     the tinyformer package changed. Pass ``-- -E`` to re-read every page. The log
     ends with every conclusion the chapters assert, with its margin.
 
-    The closing chapter loads its exported model in Hugging Face ``transformers``
-    when PyTorch's CPU build can be installed (pip finds it on disk on the book's
-    machines, hence virtualenv and pip here); where it cannot, the session says so
-    and the chapter says which test makes that comparison instead.
+    The reference group (PyTorch's CPU build, ``transformers``, ``tokenizers``) is
+    installed too, so a page can compare a model it exports with Hugging Face's
+    (pip finds PyTorch's wheel on disk on the book's machines, hence virtualenv and
+    pip here); where it cannot be installed, the session says so.
     """
     _install_package(session, "docs")
     try:
         session.install(*_group("reference"))
     except CommandFailed:
-        session.warn("PyTorch could not be installed: the closing chapter skips transformers")
+        session.warn("PyTorch could not be installed: pages cannot compare with transformers")
     _kernel_quiet(session)
     times = {}
     started = time.perf_counter()
