@@ -8,6 +8,10 @@
 - :mod:`tinyformer.data.batching`: padding, teacher forcing, :class:`~tinyformer.data.batching.Batch` and its masks
 - :mod:`tinyformer.data.tasks`: copy, reverse and sort, with held-out splits
 - :mod:`tinyformer.data.markov`: a Markov source whose entropy rate is known exactly
+- :mod:`tinyformer.data.corpus`: real English text that ships with Python, the docstrings of
+  the standard library, with held-out text from other packages
+- :mod:`tinyformer.data.ngram_lm`: count-based baselines on token ids, from the add-one
+  unigram to interpolated and modified Kneser-Ney
 """
 
 from __future__ import annotations

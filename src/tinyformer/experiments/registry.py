@@ -22,6 +22,8 @@ from tinyformer.experiments.modern import modern_lm
 from tinyformer.experiments.moe_lm import book_runs as moe_runs
 from tinyformer.experiments.moe_lm import moe_lm
 from tinyformer.experiments.norm_placement import norm_placement
+from tinyformer.experiments.real_text import book_runs as real_text_runs
+from tinyformer.experiments.real_text import real_text
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.experiments.reverse import reversal
 from tinyformer.experiments.scaling import book_runs as scaling_runs
@@ -45,6 +47,7 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "modern_lm": modern_lm,
     "moe_lm": moe_lm,
     "finetune": finetune,
+    "real_text": real_text,
 }
 """Every experiment by name, mapped to the function that runs it from keyword arguments."""
 
@@ -101,5 +104,8 @@ BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     # the language model fine-tuned on a shifted source, fully and with LoRA at several
     # ranks, three seeds (chapter "Fine-tuning with LoRA")
     *finetune_runs(),
+    # a GPT trained on the standard library's docstrings against n-gram baselines, on the
+    # running interpreter's own text (chapter "A GPT on real text")
+    *real_text_runs(),
 )
 """The runs whose results the book shows, as ``(name, arguments)``; computed before a build."""
