@@ -14,7 +14,9 @@ Test files ``import small_models``: pytest puts ``tests/unit`` on the path
   given a low-rank term that changes its output, as a LoRA adapter would;
 - :func:`model_and_inputs`: a model of either generating family and a batch of inputs for it;
   :func:`forward_log_probs`: what ``forward`` says of the tokens a search generated;
-- :class:`BigramLM` and :func:`bigram_windows`: a stand-in model and data for the training loop.
+- :class:`BigramLM` and :func:`bigram_windows`: a stand-in model and data for the training loop;
+- :func:`llama_in_float64`: a Hugging Face Llama made to compute in float64 throughout, for
+  the reference tests (PyTorch is passed in, never imported here).
 """
 
 from __future__ import annotations
@@ -274,3 +276,37 @@ def bigram_windows(
         noise = rng.random(n) < 0.1
         streams[:, t + 1] = np.where(noise, rng.integers(0, vocab, n), nxt)
     return WindowDataset(streams[:, :-1], streams[:, 1:])
+
+
+def llama_in_float64(torch, hf_model):
+    """Make a float64 Llama compute in float64 everywhere.
+
+    ``LlamaRMSNorm`` normalizes in float32 and ``LlamaRotaryEmbedding`` computes its
+    angles in float32 even in a float64 model, which limits the agreement to about
+    1e-7 of the logits' scale. Recomputed here in float64 (with the config's base and
+    linear factor), the two models agree to rounding. GPT-2 needs nothing of the kind.
+    """
+    config = hf_model.config
+    rope = config.rope_parameters
+    d_k = config.hidden_size // config.num_attention_heads
+    inv_freq = 1.0 / rope["rope_theta"] ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    if rope.get("rope_type") == "linear":
+        inv_freq = inv_freq / rope["factor"]
+
+    def angles(x, position_ids):
+        a = position_ids[..., None].to(torch.float64) * inv_freq
+        a = torch.cat((a, a), dim=-1)
+        return a.cos().to(x.dtype), a.sin().to(x.dtype)
+
+    def rms_norm(norm):
+        def forward(h):
+            mean_square = h.pow(2).mean(-1, keepdim=True)
+            return norm.weight * (h * torch.rsqrt(mean_square + norm.variance_epsilon))
+
+        return forward
+
+    hf_model.model.rotary_emb.forward = angles
+    for module in hf_model.modules():
+        if type(module).__name__ == "LlamaRMSNorm":
+            module.forward = rms_norm(module)
+    return hf_model

@@ -15,6 +15,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from small_models import llama_in_float64
 
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
 from tinyformer.models.hf import (
@@ -59,38 +60,6 @@ def _llama(torch, transformers, *, n_kv_heads=2, bias=False, tie=False, theta=10
     return hf_config, model
 
 
-def _float64_throughout(torch, hf_model, hf_config):
-    """Make a float64 Hugging Face Llama compute in float64 everywhere.
-
-    ``LlamaRMSNorm`` normalizes in float32 and ``LlamaRotaryEmbedding`` computes its cos
-    and sin in float32, even in a float64 model (and the eager attention takes its softmax
-    in float32); that limits the agreement of float64 logits to about 1e-7 of their scale.
-    With these two computed in float64 (and PyTorch's float64 ``scaled_dot_product_attention``),
-    the two models agree to rounding.
-    """
-    d_k = hf_config.hidden_size // hf_config.num_attention_heads
-    theta = hf_config.to_dict().get("rope_parameters", {}).get("rope_theta", 10000.0)
-    inv_freq = 1.0 / theta ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
-
-    def angles(x, position_ids):
-        a = position_ids[..., None].to(torch.float64) * inv_freq
-        a = torch.cat((a, a), dim=-1)
-        return a.cos().to(x.dtype), a.sin().to(x.dtype)
-
-    def rms_norm(norm):
-        def forward(h):
-            mean_square = h.pow(2).mean(-1, keepdim=True)
-            return norm.weight * (h * torch.rsqrt(mean_square + norm.variance_epsilon))
-
-        return forward
-
-    hf_model.model.rotary_emb.forward = angles
-    for module in hf_model.modules():
-        if type(module).__name__ == "LlamaRMSNorm":
-            module.forward = rms_norm(module)
-    assert hf_model.config._attn_implementation == "sdpa"
-
-
 def _compare(torch, hf_model, hf_config, dtype, layout):
     config = config_from_hf_llama(hf_config.to_dict(), dtype=dtype, rotary_layout=layout)
     torch_dtype = torch.float64 if dtype == "float64" else torch.float32
@@ -125,7 +94,8 @@ def test_logits_equal_hugging_face_llama(
     assert (
         np.abs(logits - theirs).max() <= 1e-6 * np.abs(theirs).max()
     )  # their float32 norms and angles
-    _float64_throughout(torch, hf_model, hf_config)
+    llama_in_float64(torch, hf_model)
+    assert hf_model.config._attn_implementation == "sdpa"
     with torch.no_grad():
         theirs = hf_model(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(logits, theirs, rtol=1e-10, atol=1e-12)
@@ -164,7 +134,8 @@ def test_unconverted_rotary_layout_would_not_match(torch, transformers):
     hf_config, hf_model = _llama(torch, transformers)
     halves = config_from_hf_llama(hf_config.to_dict(), rotary_layout="halves")
     state = hf_model.double().state_dict()
-    _float64_throughout(torch, hf_model, hf_config)
+    llama_in_float64(torch, hf_model)
+    assert hf_model.config._attn_implementation == "sdpa"
     wrong = DecoderOnlyLM(
         dataclasses.replace(halves, rotary_layout="adjacent"), rng=np.random.default_rng(0)
     )

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 import pytest
-from small_models import perturb
+from small_models import llama_in_float64, perturb
 
 from tinyformer.generation import greedy
 from tinyformer.lora import apply_lora, merge_lora
@@ -435,43 +435,9 @@ def transformers():
     return pytest.importorskip("transformers")
 
 
-def _float64_throughout(torch, hf_model):
-    """Make a float64 Llama compute in float64 everywhere.
-
-    ``LlamaRMSNorm`` normalizes in float32 and ``LlamaRotaryEmbedding`` computes its
-    angles in float32 even in a float64 model, which limits the agreement to about
-    1e-7 of the logits' scale. Recomputed here in float64 (with the config's base and
-    linear factor), the two models agree to rounding. GPT-2 needs nothing of the kind.
-    """
-    config = hf_model.config
-    rope = config.rope_parameters
-    d_k = config.hidden_size // config.num_attention_heads
-    inv_freq = 1.0 / rope["rope_theta"] ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
-    if rope.get("rope_type") == "linear":
-        inv_freq = inv_freq / rope["factor"]
-
-    def angles(x, position_ids):
-        a = position_ids[..., None].to(torch.float64) * inv_freq
-        a = torch.cat((a, a), dim=-1)
-        return a.cos().to(x.dtype), a.sin().to(x.dtype)
-
-    def rms_norm(norm):
-        def forward(h):
-            mean_square = h.pow(2).mean(-1, keepdim=True)
-            return norm.weight * (h * torch.rsqrt(mean_square + norm.variance_epsilon))
-
-        return forward
-
-    hf_model.model.rotary_emb.forward = angles
-    for module in hf_model.modules():
-        if type(module).__name__ == "LlamaRMSNorm":
-            module.forward = rms_norm(module)
-    return hf_model
-
-
 def _hf_logits(torch, hf_model, ids):
     if hf_model.config.model_type == "llama":
-        _float64_throughout(torch, hf_model)
+        llama_in_float64(torch, hf_model)
     with torch.no_grad():
         return hf_model(torch.tensor(ids)).logits.numpy()
 
@@ -599,7 +565,7 @@ def test_greedy_tokens_equal_after_training_tinyformer_to_transformers(
     save_pretrained(model, tmp_path / "ckpt")
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
     if options.get("norm") == "rmsnorm":
-        _float64_throughout(torch, hf_model)
+        llama_in_float64(torch, hf_model)
     ours = np.stack(greedy(model, PROMPTS, max_new_tokens=20, eos_id=None).tokens)
     theirs = _hf_greedy(torch, hf_model, PROMPTS, 20)
     np.testing.assert_array_equal(ours, theirs)
@@ -623,7 +589,7 @@ def test_greedy_tokens_equal_after_training_transformers_to_tinyformer(
     hf_model.save_pretrained(tmp_path / "ckpt")
     model = from_pretrained(tmp_path / "ckpt")
     if kind == "llama":
-        _float64_throughout(torch, hf_model)
+        llama_in_float64(torch, hf_model)
     ours = np.stack(greedy(model, PROMPTS, max_new_tokens=20, eos_id=None).tokens)
     np.testing.assert_array_equal(ours, _hf_greedy(torch, hf_model, PROMPTS, 20))
 
