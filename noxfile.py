@@ -164,6 +164,11 @@ def _kernel_quiet(session: nox.Session) -> None:
     )
 
 
+def _doctrees(out: Path) -> Path:
+    """Where Sphinx keeps its pickled pages for the output folder ``out`` (outside it)."""
+    return out.parent / "doctrees" / out.name
+
+
 def _sphinx(
     session: nox.Session,
     builder: str,
@@ -181,6 +186,9 @@ def _sphinx(
         "--nitpicky",
         "--jobs",
         "auto",
+        # Sphinx's pickles go beside the output, not into it: a published folder carries none.
+        "--doctree-dir",
+        str(_doctrees(out)),
         str(DOCS),
         str(out),
         *extra,
@@ -300,6 +308,8 @@ def serve(session: nox.Session) -> None:
         "--ignore",
         str(FIGURES),
         "--nitpicky",
+        "--doctree-dir",
+        str(_doctrees(HTML)),
         str(DOCS),
         str(HTML),
         *session.posargs,
@@ -365,6 +375,9 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def browser(session: nox.Session) -> None:
     """Open every page of the built book in headless Chromium and check it (needs `nox -s docs`).
+
+    The book is served as a static host would serve it: under the sub-path of the address
+    it is built for (``BOOK_URL``, see docs/conf.py), with its 404 page for a missing one.
 
     Fails on console errors, failed or off-host requests, images that did not
     load and unrendered math; on any axe-core accessibility violation or a page

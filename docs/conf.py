@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 from jupyter_cache import get_cache
@@ -46,6 +47,9 @@ extensions = [
     "sphinx_design",
     "sphinx_copybutton",
     "sphinxcontrib.bibtex",
+    "sphinx_sitemap",  # sitemap.xml, for search engines, from BOOK_URL
+    "sphinxext.opengraph",  # link-preview tags (title, description, card image) on every page
+    "notfound.extension",  # 404.html, whose links work from any missing address
 ]
 
 exclude_patterns = [
@@ -153,6 +157,40 @@ html_theme_options = {
 # Without a default, pydata-sphinx-theme logs a console error on a reader's first visit.
 html_context = {"default_mode": "auto"}
 mathjax3_config = {"tex": {"tags": "ams"}}
+
+# -- Publishing ------------------------------------------------------------------
+# The one setting for where the book is published: BOOK_URL, the address of the folder that
+# holds index.html, e.g. https://example.github.io/understanding-transformers/. The sitemap,
+# the link previews and the 404 page are made for it; every other link in the book is
+# relative and works under any address. Unset, the build uses an address that cannot exist
+# (the reserved .invalid domain), under a sub-path, the way most hosts serve a project: the
+# browser check serves the site under that sub-path.
+BOOK_URL = os.environ.get("BOOK_URL", "https://book.invalid/understanding-transformers/")
+if urlsplit(BOOK_URL).scheme not in {"http", "https"} or not urlsplit(BOOK_URL).netloc:
+    raise ValueError(
+        f"BOOK_URL must be an http(s) address such as https://host/path/, got {BOOK_URL!r}"
+    )
+BOOK_URL = BOOK_URL.rstrip("/") + "/"
+html_baseurl = BOOK_URL
+sitemap_url_scheme = "{link}"
+sitemap_show_lastmod = False  # the same commit gives the same files
+sitemap_excludes = ["404.html", "search.html", "genindex.html", "py-modindex.html"]
+ogp_site_url = BOOK_URL
+ogp_image = "_static/figures/card.png"  # made by scripts/fig_card.py
+ogp_image_alt = "The title Understanding Transformers over a heatmap of sinusoidal position codes"
+ogp_social_cards = {"enable": False}  # the card above, not one drawn per page
+ogp_type = "website"
+notfound_urls_prefix = urlsplit(BOOK_URL).path
+notfound_context = {
+    "title": "Page not found",
+    "body": (
+        "<h1>Page not found</h1>"
+        "<p>No page of <em>Understanding Transformers</em> lives at this address: it may"
+        " have moved, or the link that brought you here has a typing error. The"
+        f' <a href="{notfound_urls_prefix}index.html">first page</a> maps the whole book,'
+        " and the search box finds any term in it.</p>"
+    ),
+}
 
 # -- Link checking (nox -s linkcheck) ------------------------------------------
 linkcheck_timeout = 10

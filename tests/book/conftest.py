@@ -1,9 +1,10 @@
 """Fixtures for checking the built book: a local HTTP server and headless Chromium.
 
 The book is served from ``BOOK_HTML`` (default ``docs/_build/html``) on an
-ephemeral port of 127.0.0.1. Chromium is Debian's (``CHROMIUM``, default
-``/usr/bin/chromium``) driven by Playwright; Playwright's own browser download is
-never used.
+ephemeral port of 127.0.0.1, under the sub-path it is built to be published at (as a
+static host serves a project's pages), with its 404 page for any missing address.
+Chromium is Debian's (``CHROMIUM``, default ``/usr/bin/chromium``) driven by
+Playwright; Playwright's own browser download is never used.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
+from xml.etree import ElementTree
 
 import pytest
 
@@ -80,19 +82,71 @@ def screenshots_dir() -> Path:
     return SCREENSHOTS
 
 
-class _QuietHandler(SimpleHTTPRequestHandler):
+def site_prefix(html_root: Path) -> str:
+    """The path the book is built to be published under (``/`` or ``/name/``), from its sitemap.
+
+    The build writes ``sitemap.xml`` with the full address of every page (``BOOK_URL`` in
+    docs/conf.py); the path of its first address's folder is where a host serves the book.
+    """
+    sitemap = html_root / "sitemap.xml"
+    if not sitemap.is_file():
+        pytest.fail(f"no sitemap.xml in {html_root}: the build must write one", pytrace=False)
+    loc = ElementTree.parse(sitemap).getroot().find("{*}url/{*}loc")
+    if loc is None or not loc.text:
+        pytest.fail(f"{sitemap} lists no page", pytrace=False)
+    return urlsplit(loc.text).path.rsplit("/", 1)[0] + "/"
+
+
+class _SubPathHandler(SimpleHTTPRequestHandler):
+    """Serve the book's folder under ``prefix`` only, and 404.html for a missing page.
+
+    As a static host does: an address outside the prefix, or one that names no file,
+    gets status 404 and the book's 404 page.
+    """
+
+    prefix = "/"
+
     def log_message(self, format: str, *args: object) -> None:
         """Keep request logs out of the test output."""
 
+    def translate_path(self, path: str) -> str:
+        """The file for ``path`` under the prefix (a path outside it maps to no file)."""
+        clean = urlsplit(path).path
+        if not clean.startswith(self.prefix):
+            return str(Path(self.directory) / "\0outside-the-site")
+        return super().translate_path("/" + clean[len(self.prefix) :])
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None):
+        """Answer a missing file with the book's 404 page, as hosts do."""
+        page = Path(self.directory) / "404.html"
+        if code != 404 or not page.is_file():
+            super().send_error(code, message, explain)
+            return
+        body = page.read_bytes()
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
 
 @pytest.fixture(scope="session")
-def server(html_root: Path) -> Iterator[str]:
-    """Serve the built book on 127.0.0.1 and yield its base URL."""
-    handler = functools.partial(_QuietHandler, directory=str(html_root))
+def book_prefix(html_root: Path) -> str:
+    """The path the book is built to be published under, such as ``/understanding-transformers/``."""
+    return site_prefix(html_root)
+
+
+@pytest.fixture(scope="session")
+def server(html_root: Path, book_prefix: str) -> Iterator[str]:
+    """Serve the built book on 127.0.0.1 under its publishing sub-path; yield its base URL."""
+    prefix = book_prefix
+    handler_class = type("Handler", (_SubPathHandler,), {"prefix": prefix})
+    handler = functools.partial(handler_class, directory=str(html_root))
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    yield f"http://127.0.0.1:{httpd.server_address[1]}{prefix}"
     httpd.shutdown()
     httpd.server_close()
 

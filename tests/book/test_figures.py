@@ -57,8 +57,9 @@ def desktop(browser):
     context.close()
 
 
-def _recorded_px(html_root, src: str) -> float | None:
-    path = html_root / unquote(urlsplit(src).path).lstrip("/")
+def _recorded_px(html_root, server: str, src: str) -> float | None:
+    assert src.startswith(server), f"{src} is not served from the book's folder {server}"
+    path = html_root / unquote(urlsplit(src[len(server) :]).path)
     with Image.open(path) as image:
         value = image.text.get(viz.PNG_FONT_KEY) if hasattr(image, "text") else None
     return None if value is None else float(value)
@@ -79,7 +80,7 @@ def test_figure_text_is_at_least_nine_css_pixels(desktop, server, html_root, pag
     for image in images:
         assert image["natural"] > 0, f"{image['src']} did not load"
         shrink = image["rendered"] / image["natural"]
-        recorded = _recorded_px(html_root, image["src"])
+        recorded = _recorded_px(html_root, server, image["src"])
         if recorded is None:
             assert image["output"], f"{image['src']}: a figure without {viz.PNG_FONT_KEY}"
             assert image["natural"] <= MAX_PAGE_FIGURE_PX, (

@@ -45,8 +45,9 @@ def _parse(path: Path) -> _Collector:
     return collector
 
 
-def test_internal_links_and_anchors_resolve(html_root, all_pages):
+def test_internal_links_and_anchors_resolve(html_root, all_pages, book_prefix):
     html = html_root
+    prefix = book_prefix  # where a host serves the book (the 404 page's links start with it)
     parsed = {path: _parse(html / path) for path in all_pages}
     ids = {path: c.ids for path, c in parsed.items()}
     problems = []
@@ -55,7 +56,13 @@ def test_internal_links_and_anchors_resolve(html_root, all_pages):
             parts = urlsplit(target)
             if parts.scheme or parts.netloc:  # external: nox -s linkcheck
                 continue
-            file = (html / page).parent / unquote(parts.path) if parts.path else html / page
+            if parts.path.startswith("/"):  # from the host's root: must be inside the book
+                if not parts.path.startswith(prefix):
+                    problems.append(f"{page}: {target} -> outside the book's folder {prefix}")
+                    continue
+                file = html / unquote(parts.path[len(prefix) :])
+            else:
+                file = (html / page).parent / unquote(parts.path) if parts.path else html / page
             file = file.resolve()
             if not file.exists():
                 problems.append(f"{page}: {target} -> missing file")

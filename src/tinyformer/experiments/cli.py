@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
-from tinyformer.experiments.registry import BOOK_RUNS, EXPERIMENTS
+from tinyformer.experiments.registry import BOOK_RUNS, EXPERIMENTS, TYPICAL_SECONDS
 from tinyformer.experiments.result import ExperimentResult
 from tinyformer.experiments.store import ExperimentStore, default_store
 from tinyformer.runtime import retain_freed_memory
 
-__all__ = ["headline", "main", "requirement"]
+__all__ = ["headline", "longest_first", "main", "requirement"]
 
 _THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -57,6 +57,17 @@ def _runs(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
         return [(name, dict(params)) for name, params in BOOK_RUNS]
     names = [args.only] if args.only else (args.names or list(EXPERIMENTS))
     return [(name, {"seed": args.seed}) for name in names]
+
+
+def longest_first(runs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """``runs`` in the order to start them on a pool: the longest expected first.
+
+    The expected time of a run is its experiment's entry in
+    :data:`~tinyformer.experiments.registry.TYPICAL_SECONDS` (an unknown experiment
+    counts as long); runs of one experiment keep their order. Started this way, the
+    pool's last runs are short ones and the workers finish at nearly the same time.
+    """
+    return sorted(runs, key=lambda run: -TYPICAL_SECONDS.get(run[0], float("inf")))
 
 
 def _report(
@@ -167,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = _runs(args)
     # Runs already stored are loaded here; only those to train go to other processes.
     stored = [run for run in runs if store is not None and store.contains(run[0], **run[1])]
-    to_train = [run for run in runs if run not in stored]
+    to_train = longest_first([run for run in runs if run not in stored])
     serial = stored if args.jobs > 1 and len(to_train) > 1 else runs
     if to_train:  # say at once what the wait is for
         _print(

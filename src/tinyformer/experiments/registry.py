@@ -35,6 +35,7 @@ __all__ = [
     "REVERSAL_ABLATIONS",
     "REVERSAL_SEEDS",
     "REVERSAL_SGD_CLAIM",
+    "TYPICAL_SECONDS",
 ]
 
 EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
@@ -109,3 +110,25 @@ BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     *real_text_runs(),
 )
 """The runs whose results the book shows, as ``(name, arguments)``; computed before a build."""
+
+TYPICAL_SECONDS: dict[str, float] = {
+    "real_text": 820.0,
+    "in_context": 110.0,
+    "reversal": 62.0,
+    "markov_lm": 34.0,
+    "masked_lm": 32.0,
+    "norm_placement": 14.0,
+    "moe_lm": 12.0,
+    "scaling": 11.0,
+    "finetune": 10.0,
+    "modern_lm": 9.0,
+}
+"""Typical wall time of one book run of each experiment, in seconds (mean over its book runs).
+
+Measured on the book's two-core machine, two runs at a time with one BLAS thread each
+(the stored runs' ``wall_time``, 2026-11-27). Only the order of the precompute rests on
+it: ``python -m tinyformer.experiments --book --jobs 2`` starts the longest runs first, so
+that no long run is left to finish alone on one core while the other idles (in book order
+the single ``real_text`` run came last: 43 minutes for the 211 runs against 36 with the
+longest first, by these times).
+"""

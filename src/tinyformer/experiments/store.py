@@ -73,26 +73,59 @@ _NOT_DIGESTED = frozenset({"experiments/registry.py", "experiments/cli.py"})
 
 _PARSING = threading.Lock()
 
+_READ: dict[Path, tuple[bytes, bytes, frozenset[str]]] = {}
+"""Each source file read so far: its text, its code (:func:`_code`) and the names it imports.
 
-def _parse(path: Path) -> ast.Module:
+Keyed runs name the same files again and again (every chapter, figure script and test
+asks the store for many runs, and each new store object computes its digests afresh),
+so a file is parsed once per process for each text it has had: a file whose bytes
+changed is parsed again.
+"""
+
+
+def _parse(path: Path, source: bytes) -> ast.Module:
     """The syntax tree of a source file, parsed by one thread at a time.
 
     CPython 3.11's parser is not safe to run from several threads at once (it can raise
     ``SystemError: AST constructor recursion depth mismatch``), and runs may be keyed
     from threads.
     """
-    source = path.read_bytes()
     with _PARSING:
         return ast.parse(source, filename=str(path))
 
 
-def _code(path: Path) -> bytes:
+def _read(path: Path) -> tuple[bytes, frozenset[str]]:
+    """A source file's code and the dotted names it imports, parsed once per text."""
+    source = path.read_bytes()
+    known = _READ.get(path)
+    if known is not None and known[0] == source:
+        return known[1], known[2]
+    tree = _parse(path, source)
+    names = _import_names(tree)
+    code = _code(tree)
+    _READ[path] = (source, code, names)
+    return code, names
+
+
+def _import_names(tree: ast.Module) -> frozenset[str]:
+    """Every dotted name a module imports, anywhere in it (``from a import b`` gives a and a.b)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return frozenset(found)
+
+
+def _code(tree: ast.Module) -> bytes:
     """A module's code without its docstrings and comments (the AST, dumped).
 
     Every statement that is a bare string (a module, class or function docstring, or the
     docstring of a module-level name that Sphinx reads) is dropped: none can change a result.
+    The tree is changed in place.
     """
-    tree = _parse(path)
     for node in ast.walk(tree):
         for field in ("body", "orelse", "finalbody"):
             body = getattr(node, field, None)
@@ -127,17 +160,10 @@ def _file(module: str) -> Path | None:
 def _imported(path: Path) -> set[str]:
     """The tinyformer modules a file imports, anywhere in it, and the packages they sit in."""
     found = set()
-    for node in ast.walk(_parse(path)):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "tinyformer":  # the module, and every package above it
-                found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    for name in _read(path)[1]:
+        parts = name.split(".")
+        if parts[0] == "tinyformer":  # the module, and every package above it
+            found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
     return {name for name in found if _file(name) is not None}
 
 
@@ -163,7 +189,7 @@ def _digest(paths: list[Path]) -> str:
     for path in paths:
         digest.update(path.relative_to(_PACKAGE).as_posix().encode())
         digest.update(b"\0")
-        digest.update(_code(path))
+        digest.update(_read(path)[0])
     return digest.hexdigest()[:16]
 
 

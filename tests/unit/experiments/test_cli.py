@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tinyformer.experiments import cli
-from tinyformer.experiments.cli import headline, main, requirement
-from tinyformer.experiments.registry import EXPERIMENTS
+from tinyformer.experiments.cli import headline, longest_first, main, requirement
+from tinyformer.experiments.registry import EXPERIMENTS, TYPICAL_SECONDS
 
 
 @pytest.fixture
@@ -103,3 +103,20 @@ def test_the_requirements_judge_the_numbers(tiny_run):
 
     assert judged(0.029)[1] is True
     assert judged(0.031) == ("held-out loss within 3% of H, got +3.10%", False)
+
+
+def test_the_pool_starts_the_longest_runs_first_and_keeps_each_experiments_order():
+    runs = [("scaling", {"seed": 0}), ("real_text", {"seed": 0}), ("scaling", {"seed": 1}),
+            ("in_context", {"seed": 0}), ("unheard_of", {})]  # fmt: skip
+    assert longest_first(runs) == [
+        ("unheard_of", {}),  # no typical time known: counted as long
+        ("real_text", {"seed": 0}),
+        ("in_context", {"seed": 0}),
+        ("scaling", {"seed": 0}),
+        ("scaling", {"seed": 1}),
+    ]
+
+
+def test_every_experiment_has_a_typical_time():
+    assert set(TYPICAL_SECONDS) == set(EXPERIMENTS)
+    assert all(seconds > 0 for seconds in TYPICAL_SECONDS.values())

@@ -308,3 +308,24 @@ def test_the_digest_reads_the_code_a_run_imports_not_docstrings(tmp_path, monkey
     assert store_module.package_digest() != whole  # but a page that reads them runs again
     layer.write_text('"""A module."""\n\n\ndef f(x):\n    return 3 * x\n')
     assert digest() != first  # the code the run executes does
+    changed = digest()
+    (package / "experiments" / "run.py").write_text(
+        "def go():\n    from tinyformer.unused import X\n\n    return X\n"
+    )
+    assert "unused.py" in {p.name for p in store_module._closure("tinyformer.experiments.run")}
+    assert digest() != changed  # an edited file's imports are read again too
+
+
+def test_a_file_is_parsed_once_for_each_text_it_has(tmp_path, monkeypatch):
+    module = tmp_path / "module.py"
+    module.write_text("import tinyformer.layers\n\nX = 1\n")
+    parsed = []
+    real = store_module._parse
+    monkeypatch.setattr(store_module, "_parse", lambda *a: parsed.append(a[0]) or real(*a))
+    first = store_module._read(module)
+    assert store_module._read(module) == first  # the same text: not parsed again
+    assert parsed == [module]
+    module.write_text("import tinyformer.layers\n\nX = 2\n")
+    assert store_module._read(module)[0] != first[0]
+    assert parsed == [module, module]
+    assert first[1] == {"tinyformer.layers"}
