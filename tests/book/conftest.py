@@ -86,15 +86,18 @@ def site_prefix(html_root: Path) -> str:
     """The path the book is built to be published under (``/`` or ``/name/``), from its sitemap.
 
     The build writes ``sitemap.xml`` with the full address of every page (``BOOK_URL`` in
-    docs/conf.py); the path of its first address's folder is where a host serves the book.
+    docs/conf.py); the folder of the first page's address is where a host serves the book.
     """
     sitemap = html_root / "sitemap.xml"
     if not sitemap.is_file():
         pytest.fail(f"no sitemap.xml in {html_root}: the build must write one", pytrace=False)
-    loc = ElementTree.parse(sitemap).getroot().find("{*}url/{*}loc")
-    if loc is None or not loc.text:
-        pytest.fail(f"{sitemap} lists no page", pytrace=False)
-    return urlsplit(loc.text).path.rsplit("/", 1)[0] + "/"
+    paths = [
+        urlsplit(loc.text or "").path for loc in ElementTree.parse(sitemap).iterfind(".//{*}loc")
+    ]
+    first = [path for path in paths if path.endswith("/index.html")]
+    if not first:
+        pytest.fail(f"{sitemap} does not list the first page, index.html", pytrace=False)
+    return min(first, key=len).removesuffix("index.html")
 
 
 class _SubPathHandler(SimpleHTTPRequestHandler):
@@ -112,8 +115,8 @@ class _SubPathHandler(SimpleHTTPRequestHandler):
     def translate_path(self, path: str) -> str:
         """The file for ``path`` under the prefix (a path outside it maps to no file)."""
         clean = urlsplit(path).path
-        if not clean.startswith(self.prefix):
-            return str(Path(self.directory) / "\0outside-the-site")
+        if not clean.startswith(self.prefix):  # no such file: the 404 page answers
+            return str(Path(self.directory) / ".outside-the-site" / "missing")
         return super().translate_path("/" + clean[len(self.prefix) :])
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None):

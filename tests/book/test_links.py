@@ -64,6 +64,9 @@ def test_internal_links_and_anchors_resolve(html_root, all_pages, book_prefix):
             else:
                 file = (html / page).parent / unquote(parts.path) if parts.path else html / page
             file = file.resolve()
+            if not file.is_relative_to(html.resolve()):
+                problems.append(f"{page}: {target} -> outside the book's folder")
+                continue
             if not file.exists():
                 problems.append(f"{page}: {target} -> missing file")
                 continue

@@ -39,8 +39,8 @@ def _sitemap(html_root) -> list[str]:
 
 
 def _site_url(html_root, book_prefix) -> str:
-    first = _sitemap(html_root)[0]
-    return first[: first.index(book_prefix) + len(book_prefix)]
+    first = urlsplit(_sitemap(html_root)[0])
+    return f"{first.scheme}://{first.netloc}{book_prefix}"
 
 
 def test_the_sitemap_lists_every_page_at_its_published_address(html_root, all_pages, book_prefix):
@@ -118,3 +118,8 @@ def test_a_missing_address_shows_the_404_page_with_working_links(visit, server):
     page.wait_for_load_state("networkidle")
     assert urlsplit(page.url).path == urlsplit(urljoin(server, "index.html")).path
     assert page.title().startswith("Understanding Transformers")
+    outside = urljoin(server, "/elsewhere/index.html")  # on the host, outside the book
+    if urlsplit(outside).path != urlsplit(page.url).path:
+        response = page.goto(outside)
+        assert response.status == 404
+        assert page.title().startswith("Page not found")
