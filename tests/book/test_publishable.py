@@ -123,3 +123,13 @@ def test_a_missing_address_shows_the_404_page_with_working_links(visit, server):
         response = page.goto(outside)
         assert response.status == 404
         assert page.title().startswith("Page not found")
+
+
+def test_only_the_search_page_loads_the_search_index(html_root, all_pages):
+    # 0.4 MB that a reading page has no use for (search runs on search.html)
+    loading = sorted(
+        page
+        for page in all_pages
+        if 'searchindex.js"' in (html_root / page).read_text(encoding="utf-8")
+    )
+    assert loading == ["search.html"], loading[:5]
