@@ -44,6 +44,7 @@ extensions = [
     "api_pages",  # one API page per module listed in api.md (docs/api/, generated)
     "book_map",  # the landing page's map of the book, from its toctrees
     "notebooks",  # every executable page downloadable as .ipynb
+    "icon_subset",  # FontAwesome's fonts cut to the icons the pages show
     "sphinx_design",
     "sphinx_copybutton",
     "sphinxcontrib.bibtex",

@@ -2,7 +2,7 @@
  * Three explorers that check themselves against tinyformer, in the pattern of
  * explorer.js (the W_Q/W_K explorer of the attention chapter):
  *
- *   .tf-decoding-explorer  (chapter "Decoding"): temperature, top-k and top-p on
+ *   .tf-decoding-explorer  (chapter "Decoding"): temperature, top-k, top-p and min-p on
  *       the trained language model's next-token distributions;
  *   .tf-attention-viewer   (chapter "Multi-head attention"): every head's weights
  *       for the token under the pointer or the keyboard focus, in the trained
@@ -86,7 +86,7 @@
     return z.map((x) => x - lse);
   }
 
-  // ---- 1. Decoding: temperature, top-k, top-p (tinyformer.generation.log_probabilities) ----
+  // ---- 1. Decoding: temperature, top-k, top-p, min-p (tinyformer.generation.log_probabilities) ----
 
   // Order of the tokens, most likely first; ties: smaller id first (a stable sort).
   function ranking(logP) {
@@ -100,8 +100,9 @@
     return logSoftmax(logP.map((x, i) => (keep[i] ? x : -Infinity)));
   }
 
-  // temperature > 0; topK null (or V) keeps all; topP null (or 1) keeps all.
-  function decodingLogProbs(z, temperature, topK, topP) {
+  // temperature > 0; topK null (or V) keeps all; topP null (or 1) keeps all;
+  // minP null (or 0) keeps all.
+  function decodingLogProbs(z, temperature, topK, topP, minP) {
     const largest = Math.max(...z);
     const shifted = z.map((x) => x - largest);
     let logP = logSoftmax(shifted.map((x) => (x === 0 ? x : x / temperature)));
@@ -119,13 +120,19 @@
       }
       logP = keepOnly(logP, ranks.map((r) => keepSorted[r]));
     }
+    if (minP !== null && minP > 0) {
+      // p >= minP * max p, in logs: the most likely token always passes.
+      const cut = Math.max(...logP) + Math.log(minP);
+      logP = keepOnly(logP, logP.map((x) => x >= cut));
+    }
     return logP;
   }
 
   function decodingProbs(z, s) {
     const topK = s.top_k === null || s.top_k >= z.length ? null : s.top_k;
     const topP = s.top_p === null || s.top_p >= 1 ? null : s.top_p;
-    return decodingLogProbs(z, s.temperature, topK, topP).map(Math.exp);
+    const minP = s.min_p === null || s.min_p === undefined || s.min_p <= 0 ? null : s.min_p;
+    return decodingLogProbs(z, s.temperature, topK, topP, minP).map(Math.exp);
   }
 
   function keptMass(pModel, processed) {
@@ -146,6 +153,7 @@
     const temperature = slider("temperature", "temperature τ", 0.1, 3, 0.05, (v) => v.toFixed(2));
     const topK = slider("top_k", "top-k", 1, V, 1, (v) => (v >= V ? `off (${V})` : String(v)));
     const topP = slider("top_p", "top-p", 0.05, 1, 0.05, (v) => (v >= 1 ? "off (1)" : v.toFixed(2)));
+    const minP = slider("min_p", "min-p", 0, 1, 0.01, (v) => (v <= 0 ? "off (0)" : v.toFixed(2)));
     const controls = el(
       "div",
       { class: "tf-controls" },
@@ -153,6 +161,7 @@
       temperature.label,
       topK.label,
       topP.label,
+      minP.label,
     );
     const presets = el("div", { class: "tf-presets" }, el("span", {}, "Presets: "));
     reference.forEach((ref, i) => {
@@ -172,6 +181,7 @@
         temperature: temperature.input.valueAsNumber,
         top_k: topK.input.valueAsNumber >= V ? null : topK.input.valueAsNumber,
         top_p: topP.input.valueAsNumber >= 1 ? null : topP.input.valueAsNumber,
+        min_p: minP.input.valueAsNumber <= 0 ? null : minP.input.valueAsNumber,
       };
     }
 
@@ -181,11 +191,12 @@
         temperature.input.value = ref.settings.temperature;
         topK.input.value = ref.settings.top_k === null ? V : ref.settings.top_k;
         topP.input.value = ref.settings.top_p === null ? 1 : ref.settings.top_p;
+        minP.input.value = ref.settings.min_p == null ? 0 : ref.settings.min_p;
       }
-      [temperature, topK, topP].forEach((s) => s.update());
+      [temperature, topK, topP, minP].forEach((s) => s.update());
       const s = settings();
       const z = prompts[s.prompt].logits;
-      const pModel = decodingProbs(z, { temperature: 1, top_k: null, top_p: null });
+      const pModel = decodingProbs(z, { temperature: 1, top_k: null, top_p: null, min_p: null });
       const processed = decodingProbs(z, s);
       const mass = keptMass(pModel, processed);
       const count = processed.filter((p) => p > 0).length;
@@ -195,7 +206,7 @@
         ` in ${count} of ${V} tokens.`;
       drawBars(table, tokens, pModel, processed);
     }
-    for (const node of [choose, temperature.input, topK.input, topP.input]) {
+    for (const node of [choose, temperature.input, topK.input, topP.input, minP.input]) {
       node.addEventListener("input", () => show());
     }
 
@@ -205,14 +216,15 @@
     for (const ref of reference) {
       const z = prompts[ref.prompt].logits;
       const processed = decodingProbs(z, ref.settings);
-      const pModel = decodingProbs(z, { temperature: 1, top_k: null, top_p: null });
+      const pModel = decodingProbs(z, { temperature: 1, top_k: null, top_p: null, min_p: null });
       worst = Math.max(worst, largestDifference(processed, ref.probs));
       worst = Math.max(worst, Math.abs(keptMass(pModel, processed) - ref.kept));
       const s = ref.settings;
       if (
         !reachable(temperature.input, s.temperature) ||
         !reachable(topK.input, s.top_k === null ? V : s.top_k) ||
-        !reachable(topP.input, s.top_p === null ? 1 : s.top_p)
+        !reachable(topP.input, s.top_p === null ? 1 : s.top_p) ||
+        !reachable(minP.input, s.min_p == null ? 0 : s.min_p)
       ) {
         problems.push(`the controls cannot reach setting ${JSON.stringify(s)}`);
       }

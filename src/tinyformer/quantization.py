@@ -20,6 +20,11 @@ byte per number instead of four), not the arithmetic.
   :class:`~tinyformer.layers.Linear` becomes.
 - :func:`quantize_model`: a copy of a model whose every weight matrix is int8.
 - :func:`weight_nbytes`: the bytes a model's weights occupy.
+- :func:`quantize_int4`, :class:`GroupQuantizedTensor` and :func:`quantize_model_int4`:
+  4-bit integers with one scale per group of ``group_size`` weights of a channel,
+  two integers packed in each byte.
+- :func:`quantize_vectors_int8` and :func:`round_kv_cache_int8`: a key/value cache in
+  int8 with one scale per head and position, simulated on the cache's arrays.
 """
 
 from __future__ import annotations
@@ -28,17 +33,23 @@ import copy
 
 import numpy as np
 
-from tinyformer._validation import axis_index, describe, layer_input
+from tinyformer._validation import axis_index, describe, layer_input, positive_int
 from tinyformer.layers import Embedding, Linear, TiedOutputProjection, sum_rows
 from tinyformer.module import Module, Parameter
 from tinyformer.positional import LearnedPositionalEmbedding
 
 __all__ = [
+    "INT4_MAX",
     "INT8_MAX",
+    "GroupQuantizedTensor",
     "QuantizedLinear",
     "QuantizedTensor",
+    "quantize_int4",
     "quantize_int8",
     "quantize_model",
+    "quantize_model_int4",
+    "quantize_vectors_int8",
+    "round_kv_cache_int8",
     "weight_nbytes",
 ]
 
@@ -139,6 +150,122 @@ def quantize_int8(weight: np.ndarray, *, axis: int | None = 1) -> QuantizedTenso
     safe = np.where(scale > 0, scale, 1)  # zero channels: W / 1 = 0
     q = np.clip(np.rint(weight / safe), -INT8_MAX, INT8_MAX).astype(np.int8)
     return QuantizedTensor(q, scale.astype(weight.dtype), axis)
+
+
+INT4_MAX = 7
+"""Largest 4-bit integer used; the range is symmetric, ``[-7, 7]`` (-8 is left out)."""
+
+
+class GroupQuantizedTensor:
+    r"""A matrix of 4-bit integers, two to a byte, with one scale per group; reads back as floats.
+
+    Made by :func:`quantize_int4`. Like :class:`QuantizedTensor` it stands in for a
+    :class:`~tinyformer.module.Parameter` whose layer reads ``weight.value``.
+
+    Attributes
+    ----------
+    packed : numpy.ndarray
+        uint8, ``size // 2`` bytes: integer :math:`Q + 8 \in [1, 15]` of the even
+        entries (of the matrix laid out with its channels along the last axis) in
+        the low four bits, of the odd ones in the high four.
+    scale : numpy.ndarray
+        ``(d_in / g, 1, d_out)`` scales in the original dtype, one per group of
+        :math:`g` consecutive inputs of each output channel.
+    axis : int
+        The axis of the output channels in the original matrix (1, or 0 for a lookup table).
+    group_size : int
+    shape : tuple of int
+        Shape of the original matrix.
+    """
+
+    __slots__ = ("axis", "group_size", "packed", "scale", "shape")
+
+    def __init__(
+        self, packed: np.ndarray, scale: np.ndarray, axis: int, group_size: int, shape: tuple
+    ) -> None:
+        self.packed, self.scale, self.axis = packed, scale, axis
+        self.group_size, self.shape = group_size, tuple(shape)
+
+    @property
+    def q(self) -> np.ndarray:
+        """The integers unpacked to int8, channels along the last axis, of shape ``(d_in, d_out)``."""
+        low = (self.packed & 0x0F).astype(np.int8) - 8  # (size / 2,)
+        high = (self.packed >> 4).astype(np.int8) - 8  # (size / 2,)
+        rows = self.shape[1 - self.axis]
+        return np.stack([low, high], axis=1).reshape(rows, -1)  # (d_in, d_out)
+
+    @property
+    def value(self) -> np.ndarray:
+        r"""The dequantized matrix :math:`s_{\text{group}}\, Q`, original shape and dtype."""
+        q = self.q
+        groups = q.reshape(-1, self.group_size, q.shape[1])  # (d_in / g, g, d_out)
+        w = (groups * self.scale).reshape(q.shape)  # (d_in, d_out)
+        return w if self.axis == 1 else w.T
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Dtype of the dequantized values (the original weight's)."""
+        return self.scale.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, half a byte per integer plus the scales."""
+        return self.packed.nbytes + self.scale.nbytes
+
+    def __repr__(self) -> str:
+        return (
+            f"GroupQuantizedTensor(shape={self.shape}, dtype={self.dtype}, axis={self.axis},"
+            f" group_size={self.group_size})"
+        )
+
+
+def quantize_int4(
+    weight: np.ndarray, *, group_size: int | None = 32, axis: int = 1
+) -> GroupQuantizedTensor:
+    r"""Symmetric 4-bit quantization with one scale per group of ``group_size`` inputs.
+
+    For an output channel :math:`c` and a group :math:`G` of :math:`g` consecutive
+    inputs (rows of a ``(d_in, d_out)`` weight):
+
+    .. math:: s_{Gc} = \max_{i \in G} |W_{ic}| / 7, \qquad
+              Q_{ic} = \operatorname{clip}(\operatorname{round}(W_{ic} / s_{Gc}), -7, 7),
+
+    so :math:`|W_{ic} - s_{Gc} Q_{ic}| \le s_{Gc} / 2`. Storage: 4 bits per weight
+    plus one scale per group, :math:`4 + 8\,\text{itemsize}/g` bits per weight.
+
+    Parameters
+    ----------
+    weight : numpy.ndarray
+        A float32 or float64 matrix, finite.
+    group_size : int or None
+        Inputs per group, a divisor of the input dimension; ``None``: one group per
+        channel (per-channel int4). The matrix must have an even number of entries
+        (two integers share a byte; a pair may straddle two rows).
+    axis : int
+        The axis of the output channels: 1 for ``(d_in, d_out)`` used as ``x @ W``,
+        0 for a lookup table ``(vocab_size, d_model)``.
+    """
+    weight = _check_weight(weight)
+    axis = axis_index(axis, weight.ndim, "axis")
+    w = weight if axis == 1 else weight.T  # (d_in, d_out): groups run down the columns
+    d_in = w.shape[0]
+    g = d_in if group_size is None else positive_int(group_size, "group_size")
+    if d_in % g:
+        raise ValueError(f"group_size must divide the input dimension {d_in}, got {group_size}")
+    if w.size % 2:
+        raise ValueError(
+            "weight must have an even number of entries (two 4-bit integers share a byte),"
+            f" got shape {weight.shape}"
+        )
+    groups = w.reshape(d_in // g, g, w.shape[1])  # (d_in / g, g, d_out)
+    scale = np.abs(groups).max(axis=1, keepdims=True) / w.dtype.type(
+        INT4_MAX
+    )  # (d_in/g, 1, d_out)
+    safe = np.where(scale > 0, scale, 1)  # zero groups: W / 1 = 0
+    q = np.clip(np.rint(groups / safe), -INT4_MAX, INT4_MAX).astype(np.int8).reshape(-1)
+    nibbles = (q + 8).astype(np.uint8)  # (d_in * d_out,) in [1, 15]
+    packed = nibbles[0::2] | (nibbles[1::2] << 4)  # (d_in * d_out / 2,)
+    return GroupQuantizedTensor(packed, scale.astype(w.dtype), axis, g, weight.shape)
 
 
 class QuantizedLinear(Module):
@@ -253,6 +380,29 @@ def quantize_model(model: Module, *, per_channel: bool = True) -> Module:
     return quantized
 
 
+def quantize_model_int4(model: Module, *, group_size: int | None = 32) -> Module:
+    """A copy of ``model`` in evaluation mode whose every weight matrix is 4-bit, group-wise.
+
+    Every two-dimensional parameter (those of :class:`~tinyformer.layers.Linear` layers
+    included) becomes a :class:`GroupQuantizedTensor` (:func:`quantize_int4`) that its
+    layer reads back, dequantized, on use; lookup tables get their channels along axis 0.
+    Vectors stay in floating point. ``model`` is unchanged.
+    """
+    if not isinstance(model, Module):
+        raise TypeError(f"model must be a tinyformer Module, got {describe(model)}")
+    quantized = copy.deepcopy(model)
+    done: dict[int, GroupQuantizedTensor] = {}  # id(Parameter) -> its int4 form, once if shared
+    for module in list(quantized.modules()):
+        for name, value in list(vars(module).items()):
+            if isinstance(value, Parameter) and value.value.ndim == 2:
+                if id(value) not in done:
+                    axis = _channel_axis(module)
+                    done[id(value)] = quantize_int4(value.value, group_size=group_size, axis=axis)
+                setattr(module, name, done[id(value)])
+    quantized.eval()
+    return quantized
+
+
 def weight_nbytes(model: Module) -> int:
     """Bytes held by a model's weights: float parameters plus int8 matrices and their scales.
 
@@ -264,7 +414,78 @@ def weight_nbytes(model: Module) -> int:
     seen: set[int] = set()
     for module in model.modules():
         for value in vars(module).values():
-            if isinstance(value, QuantizedTensor) and id(value) not in seen:
+            quantized = isinstance(value, QuantizedTensor | GroupQuantizedTensor)
+            if quantized and id(value) not in seen:
                 seen.add(id(value))
                 total += value.nbytes
     return total
+
+
+# ------------------------------------------------------------ int8 key/value cache
+def quantize_vectors_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""Symmetric int8 with one scale per vector along the last axis.
+
+    .. math:: s_{\dots} = \max_j |x_{\dots j}| / 127, \qquad
+              Q_{\dots j} = \operatorname{round}(x_{\dots j} / s_{\dots})
+
+    For a cache ``(B, h, T, d_k)`` that is one scale per sequence, head and position:
+    a new position is quantized when it is appended, and nothing already stored is
+    quantized again.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        The int8 integers, shaped like ``x``, and the scales ``(..., 1)`` in ``x``'s dtype;
+        ``q * scale`` reads back within ``scale / 2`` of ``x``.
+    """
+    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64) or x.ndim < 1:
+        raise TypeError(f"x must be a float32 or float64 numpy.ndarray, got {describe(x)}")
+    if not np.isfinite(x).all():
+        raise ValueError("x must be finite, got NaN or infinite entries")
+    scale = np.abs(x).max(axis=-1, keepdims=True) / x.dtype.type(INT8_MAX)  # (..., 1)
+    safe = np.where(scale > 0, scale, 1)
+    q = np.clip(np.rint(x / safe), -INT8_MAX, INT8_MAX).astype(np.int8)  # like x
+    return q, scale
+
+
+def round_kv_cache_int8(state: object, start: int) -> int:
+    """Replace cached keys and values at positions ``start ..`` by their int8 read-back, in place.
+
+    A simulation of an int8 cache that leaves the model's code alone: after each
+    ``model.step(tokens, state)``, calling this with ``start`` = the length before
+    the step rounds what the step appended (:func:`quantize_vectors_int8`, one scale
+    per sequence, head and position), so that every later step attends to keys and
+    values exactly as an int8 cache would return them. Arithmetic stays in floating point.
+    The step that appends a position attends to that position's own key and value
+    unrounded; they are rounded only after the step, for every later one (a real int8
+    cache would round them before the step's attention: the simulation leaves out the
+    rounding of the newest position during its own step).
+
+    Parameters
+    ----------
+    state : DecodeState
+        A decoder-only model's decoding state (each block's ``self_attention`` cache).
+    start : int
+        First position to round.
+
+    Returns
+    -------
+    int
+        Bytes an int8 cache of ``state``'s current length would hold: one byte per
+        number and one scale per vector.
+    """
+    caches = getattr(state, "caches", None)
+    if caches is None:
+        raise TypeError(f"state must be a model's DecodeState, got {describe(state)}")
+    if isinstance(start, bool) or not isinstance(start, int | np.integer) or start < 0:
+        raise ValueError(f"start must be a non-negative integer, got {start!r}")
+    held = 0
+    for block in caches:
+        for array in (block.self_attention.keys, block.self_attention.values):
+            if array is None:
+                continue
+            new = array[..., start:, :]  # (B, h, T - start, d_k): a view into the cache
+            q, scale = quantize_vectors_int8(new)
+            new[...] = q * scale
+            held += array.size + (array.size // array.shape[-1]) * scale.itemsize
+    return held

@@ -10,6 +10,8 @@ Playwright; Playwright's own browser download is never used.
 from __future__ import annotations
 
 import functools
+import gzip
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -36,6 +38,12 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-features=Translate,OptimizationHints,MediaRouter",
 ]
+
+
+# The first load of a page at a phone's width, compressed as a static host sends it (gzip),
+# figures included: at most this many bytes (test_accessibility.py measures every page).
+PAGE_WEIGHT_BUDGET = 1_000_000
+PAGE_WEIGHTS = SCREENSHOTS / "page-weights.jsonl"
 
 
 def book_pages() -> list[str]:
@@ -221,3 +229,74 @@ def visit(browser, server) -> Iterator[Callable[..., Visit]]:
     yield open_page
     for item in opened:
         item.close()
+
+
+# Every address the page loaded (the document, then its resources) and every image it shows,
+# loaded or not (an image further down may load only when scrolled to).
+LOADED_ADDRESSES = """
+() => [location.href]
+  .concat(performance.getEntriesByType('resource').map(e => e.name))
+  .concat(Array.from(document.images).map(img => img.currentSrc || img.src))
+"""
+
+
+@functools.cache
+def gzipped_size(path: Path) -> int:
+    """The bytes a host sends for ``path`` with gzip on (never more than the file itself)."""
+    data = path.read_bytes()
+    return min(len(data), len(gzip.compress(data, compresslevel=6, mtime=0)))
+
+
+def page_weight(page: object, server: str, html_root: Path) -> dict[str, int]:
+    """Gzipped bytes of every file of the book the open page loaded, by path under the root."""
+    files: dict[str, int] = {}
+    for address in page.evaluate(LOADED_ADDRESSES):
+        if not address.startswith(server):
+            continue  # off-host requests are blocked and reported by the tests themselves
+        relative = urlsplit(address[len(server) :]).path or "index.html"
+        path = html_root / (relative + "index.html" if relative.endswith("/") else relative)
+        if path.is_file():
+            files[path.relative_to(html_root).as_posix()] = gzipped_size(path)
+    return files
+
+
+@pytest.fixture
+def weigh_page(server: str, html_root: Path) -> Callable[[object, str], list[str]]:
+    """Measure an open page's weight, record it for the summary, and say if it is over budget."""
+
+    def weigh(page: object, page_path: str) -> list[str]:
+        files = page_weight(page, server, html_root)
+        total = sum(files.values())
+        heaviest = sorted(files.items(), key=lambda item: -item[1])
+        line = {"page": page_path, "bytes": total, "files": len(files), "top": heaviest[:3]}
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        with PAGE_WEIGHTS.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+        if total <= PAGE_WEIGHT_BUDGET:
+            return []
+        return [
+            f"first load at 390 px: {total:,} bytes gzipped, over the budget of "
+            f"{PAGE_WEIGHT_BUDGET:,}; heaviest: "
+            + ", ".join(f"{name} {size:,}" for name, size in heaviest[:5])
+        ]
+
+    return weigh
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Start a fresh record of page weights (in the controlling process only)."""
+    if not hasattr(session.config, "workerinput"):
+        PAGE_WEIGHTS.unlink(missing_ok=True)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Print every page's first-load weight at 390 px, heaviest first."""
+    if hasattr(config, "workerinput") or not PAGE_WEIGHTS.is_file():
+        return
+    rows = [json.loads(line) for line in PAGE_WEIGHTS.read_text(encoding="utf-8").splitlines()]
+    rows.sort(key=lambda row: -row["bytes"])
+    write = terminalreporter.write_line
+    terminalreporter.section("first load at 390 px, gzipped (budget 1,000 KB)")
+    for row in rows:
+        top = ", ".join(f"{name} {size / 1000:.0f}" for name, size in row["top"])
+        write(f"{row['bytes'] / 1000:7.0f} KB  {row['files']:3d} files  {row['page']}  ({top})")

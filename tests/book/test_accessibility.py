@@ -7,7 +7,9 @@ variants, by resizing the viewport and switching the theme's colour mode in plac
 every variant axe must report no violation of any impact (at 390 px the two colour rules
 leave out the article, whose colours the width does not change: see ``COLOUR_RULES``), and
 no part of the page may be wider than the viewport (wide equations, tables and outputs
-scroll in their own boxes).
+scroll in their own boxes). The page is first opened at 390 px, and that first load, gzipped,
+may weigh at most ``PAGE_WEIGHT_BUDGET`` (conftest.py), figures included; every page's weight
+is printed at the end of the run.
 """
 
 from __future__ import annotations
@@ -120,17 +122,17 @@ def axe_script() -> str:
     return AXE_SCRIPT
 
 
-def test_page_is_accessible_and_fits_a_phone(visit, axe_script, page_path):
+def test_page_is_accessible_and_fits_a_phone(visit, axe_script, weigh_page, page_path):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: PLC0415
 
-    opened = visit(page_path)
+    opened = visit(page_path, width=390)  # a phone's first load: its weight is measured too
     page = opened.page
     # Colours are checked at rest: with transitions, a theme switch on a busy machine left
     # axe measuring a button halfway between its light and dark colours.
     page.add_style_tag(content=NO_TRANSITIONS)
     page.evaluate(WAIT_FOR_MATHJAX)
+    problems = weigh_page(page, page_path)  # before axe adds its own script
     page.evaluate(axe_script)
-    problems = []
     for width, mode in VARIANTS:
         page.set_viewport_size({"width": width, "height": 900})
         page.wait_for_timeout(RESIZE_SETTLE_MS)

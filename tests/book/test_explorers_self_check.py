@@ -101,7 +101,7 @@ def _fits(page, selector: str) -> None:
     assert widths["right"] <= widths["screen"] + 0.5, widths
 
 
-# ---- Decoding: temperature, top-k, top-p ----
+# ---- Decoding: temperature, top-k, top-p, min-p ----
 
 DECODING = ("chapters/decoding.html", ".tf-decoding-explorer")
 
@@ -118,7 +118,8 @@ def _decoding_state(root) -> tuple[list[float], float]:
 
 
 def _reference_for(reference, prompt: int, settings: dict) -> dict:
-    return next(r for r in reference if r["prompt"] == prompt and r["settings"] == settings)
+    wanted = {"min_p": None, **settings}  # min-p is off unless the caller sets it
+    return next(r for r in reference if r["prompt"] == prompt and r["settings"] == wanted)
 
 
 def test_decoding_explorer_reports_a_match(open_chapter):
@@ -159,6 +160,16 @@ def test_decoding_keyboard_moves_reach_tinyformers_distributions(open_chapter):
     assert max(abs(a - b) for a, b in zip(probs, top2["probs"], strict=True)) < tolerance
     assert sum(p > 0 for p in probs) == 2
     assert root.locator(".tf-kept").inner_text().startswith(f"Kept probability mass: {kept:.3f}")
+    # top-k back off, then min-p from off (0) to 0.1: ten steps of 0.01 to the right.
+    _press(root, "top_k", "End")
+    _press(root, "min_p", "ArrowRight", 10)
+    assert root.locator('output[data-setting="min_p"]').inner_text() == "0.10"
+    cut = _reference_for(
+        reference, 0, {"temperature": 1.0, "top_k": None, "top_p": None, "min_p": 0.1}
+    )
+    probs, kept = _decoding_state(root)
+    assert max(abs(a - b) for a, b in zip(probs, cut["probs"], strict=True)) < tolerance
+    assert kept == pytest.approx(cut["kept"], abs=tolerance)
 
 
 def test_decoding_prompt_choice_and_presets_match_tinyformer(open_chapter):

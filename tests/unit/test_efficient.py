@@ -15,8 +15,13 @@ from tinyformer.attention import (
 )
 from tinyformer.efficient import (
     FEATURE_MAPS,
+    flash_attention_backward_io,
+    flash_attention_io,
+    flash_block_sizes,
     linear_attention,
     linear_attention_backward,
+    standard_attention_backward_io,
+    standard_attention_io,
     tiled_attention,
     tiled_attention_backward,
 )
@@ -300,3 +305,201 @@ def test_tiled_attention_and_its_backward_agree_with_torch(rng, torch):
     np.testing.assert_allclose(out, out_t.detach().numpy(), rtol=1e-10, atol=1e-12)
     for ours, theirs in zip(grads, (qt, kt, vt), strict=True):
         np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------- memory traffic (Theorem 2)
+def test_block_sizes_follow_algorithm_1():
+    assert flash_block_sizes(16, 2) == (2, 2)  # B_c = ceil(16 / 8) = 2, B_r = min(2, 2)
+    assert flash_block_sizes(100, 4) == (4, 7)  # B_c = ceil(100 / 16) = 7, B_r = min(7, 4)
+    assert flash_block_sizes(4, 4) == (1, 1)  # the smallest M the theorem allows, M = d
+
+
+def test_standard_traffic_counted_by_hand(rng):
+    q, k, v = _qkv(rng, batch=(), t_q=6, t_k=5, d_k=2, d_v=3)
+    out, _, traffic = standard_attention_io(q, k, v)
+    # reads: Q 6*2, K 5*2, V 5*3, S and P 6*5 each; writes: S, P 6*5 each, O 6*3
+    assert traffic.reads == {"Q": 12, "K": 10, "V": 15, "S": 30, "P": 30, "O": 0}
+    assert traffic.writes == {"Q": 0, "K": 0, "V": 0, "S": 30, "P": 30, "O": 18}
+    assert traffic.total == 175
+    assert traffic.matmul_flops == 2 * 6 * 5 * 2 + 2 * 6 * 3 * 5  # Q K^T, P V
+    assert traffic.other_flops == 6 * 30  # scale, max, subtract, exp, sum, divide
+    expected, _ = scaled_dot_product_attention(q, k, v)
+    np.testing.assert_allclose(out, expected, rtol=1e-13, atol=1e-15)
+
+
+def test_flash_traffic_counted_by_hand(rng):
+    """N_q = 6, N_k = 5, d_k = 2, d_v = 3, M = 16: B_r = B_c = 2, so 3 key blocks (2, 2, 1)."""
+    q, k, v = _qkv(rng, batch=(), t_q=6, t_k=5, d_k=2, d_v=3)
+    out, _, traffic = flash_attention_io(q, k, v, 16)
+    # K, V once; Q, O, l, m once per key block (3 passes); O, l, m written at initialization
+    # and once per pass
+    assert traffic.reads == {"Q": 3 * 12, "K": 10, "V": 15, "O": 3 * 18, "l": 3 * 6, "m": 3 * 6}
+    assert traffic.writes == {"Q": 0, "K": 0, "V": 0, "O": 4 * 18, "l": 4 * 6, "m": 4 * 6}
+    assert traffic.total == 5 * (2 + 3) + 6 * (3 + 2) + 3 * 6 * (2 + 2 * 3 + 4)  # the docstring's
+    assert traffic.matmul_flops == standard_attention_io(q, k, v)[2].matmul_flops
+    expected, _ = scaled_dot_product_attention(q, k, v)
+    np.testing.assert_allclose(out, expected, rtol=1e-13, atol=1e-15)
+
+
+def test_counts_grow_with_the_batch(rng):
+    q, k, v = _qkv(rng, batch=(2, 3), t_q=6, t_k=5, d_k=2, d_v=3)
+    assert standard_attention_io(q, k, v)[2].total == 6 * 175
+    assert flash_attention_io(q, k, v, 16)[2].total == 6 * 271
+
+
+@given(seeds, st.integers(1, 9), st.integers(1, 9), st.integers(2, 40))
+def test_flash_io_equals_attention(seed, t_q, t_k, fast_memory):
+    rng = np.random.default_rng(seed)
+    q, k, v = _qkv(rng, t_q=t_q, t_k=t_k, d_k=2)
+    expected, _ = scaled_dot_product_attention(q, k, v)
+    out, _, _ = flash_attention_io(q, k, v, fast_memory)
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(standard_attention_io(q, k, v)[0], expected, rtol=1e-13, atol=1e-15)
+
+
+def test_flash_traffic_falls_like_one_over_m_and_standard_does_not_move(rng):
+    """Theorem 2: the ratio of standard to tiled traffic grows in proportion to M."""
+    n, d = 256, 8
+    q, k, v = _qkv(rng, batch=(), t_q=n, t_k=n, d_k=d, d_v=d)
+    standard = standard_attention_io(q, k, v)[2].total
+    assert standard == 4 * n * n + 4 * n * d
+    memories = np.array([128, 256, 512, 1024, 2048])  # d^2 to N d
+    tiled = np.array([flash_attention_io(q, k, v, int(m))[2].total for m in memories])
+    ratio = standard / tiled
+    assert np.all(np.diff(ratio) > 0)  # more fast memory, fewer elements moved
+    doubling = ratio[1:] / ratio[:-1]  # M doubles each step
+    assert np.all((doubling > 1.7) & (doubling < 2.0))  # nearly doubles; the Nd terms lag
+    constant = tiled * memories / (n * n * d * d)  # the constant hidden by Theta
+    assert constant.max() / constant.min() < 1.5
+
+
+def test_flash_traffic_grows_like_n_squared_at_fixed_memory(rng):
+    d, memory = 4, 64
+    totals = []
+    for n in (64, 128, 256):
+        q, k, v = _qkv(rng, batch=(), t_q=n, t_k=n, d_k=d, d_v=d)
+        totals.append(flash_attention_io(q, k, v, memory)[2].total)
+    growth = np.array(totals[1:]) / np.array(totals[:-1])
+    assert np.all((growth > 3.5) & (growth < 4.0))  # N doubles, traffic nearly quadruples
+
+
+def _backward_case(rng, batch=()):
+    q, k, v = _qkv(rng, batch=batch, t_q=6, t_k=5, d_k=2, d_v=3)
+    grad = rng.standard_normal((*batch, 6, 3))
+    out, weights = scaled_dot_product_attention(q, k, v)
+    expected = scaled_dot_product_attention_backward(grad, q, k, v, weights, out)
+    return q, k, v, grad, expected
+
+
+def test_standard_backward_traffic_counted_by_hand(rng):
+    q, k, v, grad, expected = _backward_case(rng)
+    _, weights, _ = standard_attention_io(q, k, v)
+    grads, traffic = standard_attention_backward_io(grad, q, k, v, weights)
+    # P read for dV and for dS; dP written, read; dS written, read for dQ and for dK
+    assert traffic.reads == {
+        "Q": 12, "K": 10, "V": 15, "dO": 2 * 18, "P": 2 * 30, "dP": 30, "dS": 2 * 30,
+        "dQ": 0, "dK": 0, "dV": 0,
+    }  # fmt: skip
+    assert traffic.writes == {
+        "Q": 0, "K": 0, "V": 0, "dO": 0, "P": 0, "dP": 30, "dS": 30, "dQ": 12, "dK": 10, "dV": 15,
+    }  # fmt: skip
+    # P^T dO (5x3, inner 6), dO V^T (6x5, inner 3), dS K (6x2, inner 5), dS^T Q (5x2, inner 6)
+    assert traffic.matmul_flops == 2 * (15 * 6 + 30 * 3 + 12 * 5 + 10 * 6)
+    for ours, theirs in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-14)
+
+
+def test_flash_backward_traffic_counted_by_hand(rng):
+    """M = 16: B_r = B_c = 2, three key blocks (2, 2, 1), three query blocks."""
+    q, k, v, grad, expected = _backward_case(rng)
+    out, statistics, _ = flash_attention_io(q, k, v, 16)
+    grads, traffic = flash_attention_backward_io(grad, q, k, v, out, statistics, 16)
+    passes = 3  # every key block reads all the query-side blocks once
+    assert traffic.reads == {
+        "Q": passes * 12, "K": 10, "V": 15, "O": passes * 18, "dO": passes * 18,
+        "l": passes * 6, "m": passes * 6, "dQ": passes * 12, "dK": 0, "dV": 0,
+    }  # fmt: skip
+    assert traffic.writes == {
+        "Q": 0, "K": 0, "V": 0, "O": 0, "dO": 0, "l": 0, "m": 0,
+        "dQ": 12 + passes * 12, "dK": 2 * 10, "dV": 2 * 15,
+    }  # fmt: skip
+    assert traffic.total == 6 * 2 + 3 * 5 * 5 + passes * 6 * (3 * 2 + 2 * 3 + 2)  # the docstring's
+    # the standard backward's four products, and the scores recomputed: Q K^T (6x5, inner 2)
+    standard = standard_attention_backward_io(grad, q, k, v, standard_attention_io(q, k, v)[1])
+    assert traffic.matmul_flops == standard[1].matmul_flops + 2 * 30 * 2
+    for ours, theirs in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-14)
+
+
+@given(seeds, st.integers(2, 40))
+def test_flash_backward_equals_attention_backward(seed, fast_memory):
+    rng = np.random.default_rng(seed)
+    q, k, v, grad, expected = _backward_case(rng, batch=(2,))
+    out, statistics, _ = flash_attention_io(q, k, v, fast_memory)
+    grads, _ = flash_attention_backward_io(grad, q, k, v, out, statistics, fast_memory)
+    for ours, theirs in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-11, atol=1e-13)
+
+
+def test_training_flops_rise_while_traffic_falls(rng):
+    """Forward plus backward: one more product per block pair, far fewer elements moved."""
+    n, d, memory = 256, 8, 2048
+    q, k, v = _qkv(rng, batch=(), t_q=n, t_k=n, d_k=d, d_v=d)
+    grad = rng.standard_normal((n, d))
+    _, weights, forward = standard_attention_io(q, k, v)
+    _, backward = standard_attention_backward_io(grad, q, k, v, weights)
+    out_f, statistics, forward_f = flash_attention_io(q, k, v, memory)
+    _, backward_f = flash_attention_backward_io(grad, q, k, v, out_f, statistics, memory)
+    matmuls = (forward_f.matmul_flops + backward_f.matmul_flops) / (
+        forward.matmul_flops + backward.matmul_flops
+    )
+    assert matmuls == pytest.approx(14 / 12)  # 4 + 10 against 4 + 8 products of 2 N^2 d
+    flops = (forward_f.flops + backward_f.flops) / (forward.flops + backward.flops)
+    assert 1.05 < flops < 1.3
+    assert (forward.total + backward.total) / (forward_f.total + backward_f.total) > 5
+
+
+def test_flash_io_keeps_float32(rng):
+    q, k, v = _qkv(rng, dtype=np.float32)
+    out, statistics, _ = flash_attention_io(q, k, v, 8)
+    assert out.dtype == statistics[0].dtype == statistics[1].dtype == np.float32
+    out_s, weights, _ = standard_attention_io(q, k, v)
+    assert out_s.dtype == weights.dtype == np.float32
+    grad = np.ones_like(out)
+    for grads, _ in (
+        flash_attention_backward_io(grad, q, k, v, out, statistics, 8),
+        standard_attention_backward_io(grad, q, k, v, weights),
+    ):
+        assert all(g.dtype == np.float32 for g in grads)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda q: flash_attention_io(q, q, q, 1), ValueError, "fast_memory must be at least"),
+        (lambda q: flash_attention_io(q, q, q, 8.0), TypeError, "fast_memory must be a positive"),
+        (lambda q: flash_attention_io(q, q[:1], q[:1], 8), ValueError, "same leading"),
+        (lambda q: standard_attention_io(q, q[..., :1], q), ValueError, "last dimension"),
+        (lambda q: flash_block_sizes(8, 0), ValueError, "d must be a positive"),
+        (
+            lambda q: standard_attention_backward_io(q, q, q, q, np.ones((2, 4, 3))),
+            ValueError,
+            "weights must have the shape (2, 4, 4)",
+        ),
+        (
+            lambda q: flash_attention_backward_io(q[:, :1], q, q, q, q, (q[..., 0],) * 2, 8),
+            ValueError,
+            "grad_output must have",
+        ),
+        (
+            lambda q: flash_attention_backward_io(q, q, q, q, q, q[..., 0], 8),
+            TypeError,
+            "statistics must be the tuple (l, m)",
+        ),
+    ],
+)
+def test_bad_io_input_is_named(call, error, words):
+    q = np.ones((2, 4, 2))
+    with pytest.raises(error) as info:
+        call(q)
+    assert words in str(info.value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,11 +15,16 @@ from tinyformer.gradcheck import check_module_gradients
 from tinyformer.layers import Linear
 from tinyformer.models import DecoderOnlyConfig, DecoderOnlyLM
 from tinyformer.quantization import (
+    INT4_MAX,
     INT8_MAX,
     QuantizedLinear,
     QuantizedTensor,
+    quantize_int4,
     quantize_int8,
     quantize_model,
+    quantize_model_int4,
+    quantize_vectors_int8,
+    round_kv_cache_int8,
     weight_nbytes,
 )
 
@@ -183,3 +190,154 @@ def test_quantize_model_and_layer_reject_bad_input(rng):
         layer.forward(np.ones((1, 3)))
     with pytest.raises(TypeError, match="model must be a tinyformer Module"):
         weight_nbytes("model")
+
+
+# ------------------------------------------------------------ int4, group-wise
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("axis", "group_size"), [(1, 4), (1, None), (0, 2), (0, None)])
+def test_int4_round_trip_is_within_half_a_group_step(rng, dtype, axis, group_size):
+    w = rng.standard_normal((8, 6)).astype(dtype)
+    t = quantize_int4(w, group_size=group_size, axis=axis)
+    assert t.value.shape == w.shape
+    assert t.value.dtype == dtype
+    q = t.q
+    assert q.min() >= -INT4_MAX
+    assert q.max() <= INT4_MAX
+    # each weight within half a step of its own group's grid, group by group
+    wt = (w if axis == 1 else w.T).astype(np.float64)  # (d_in, d_out)
+    g = t.group_size
+    err = np.abs(wt - (t.value if axis == 1 else t.value.T)).reshape(-1, g, wt.shape[1])
+    slack = 4 * np.finfo(dtype).eps * np.abs(wt).reshape(err.shape)
+    assert (err <= t.scale / 2 + slack).all()
+    # the largest weight of every group is represented exactly by +-7 steps
+    assert (np.abs(q).reshape(-1, g, wt.shape[1]).max(axis=1) == INT4_MAX).all()
+
+
+def test_int4_packs_two_integers_per_byte_and_unpacks_them(rng):
+    w = rng.standard_normal((16, 10)).astype(np.float32)
+    t = quantize_int4(w, group_size=8)
+    assert t.packed.dtype == np.uint8
+    assert t.packed.nbytes == w.size // 2
+    assert t.nbytes == w.size // 2 + 2 * 10 * 4  # two groups per column, float32 scales
+    # unpacking gives back exactly the integers rint(w / s) that were packed
+    scale = np.repeat(t.scale[:, 0, :], 8, axis=0)  # (16, 10)
+    np.testing.assert_array_equal(t.q, np.clip(np.rint(w / scale), -7, 7))
+
+
+def test_int4_smaller_groups_give_smaller_error(rng):
+    w = rng.standard_normal((64, 32)) * np.exp(rng.standard_normal((64, 1)))  # uneven rows
+    errors = [
+        np.sqrt(((w - quantize_int4(w, group_size=g).value) ** 2).mean()) for g in (8, 32, None)
+    ]
+    assert errors[0] < errors[1] < errors[2]
+    assert (
+        np.abs(w - quantize_int8(w).value).max()
+        < np.abs(w - quantize_int4(w, group_size=8).value).max()
+    )
+
+
+def test_int4_zero_group_reads_back_as_zeros():
+    w = np.zeros((4, 2))
+    w[:2, 0] = [1.0, -0.5]
+    t = quantize_int4(w, group_size=2)
+    assert np.array_equal(t.value[2:], np.zeros((2, 2)))  # two groups of zeros
+    assert np.array_equal(t.value[:, 1], np.zeros(4))
+    np.testing.assert_allclose(t.value[:2, 0], [1.0, -4 / 7])  # -3.5 steps round to -4
+
+
+def test_int4_rejects_bad_groups(rng):
+    with pytest.raises(ValueError, match="group_size"):
+        quantize_int4(rng.standard_normal((6, 4)), group_size=4)
+    with pytest.raises(ValueError, match="even number of entries"):
+        quantize_int4(rng.standard_normal((3, 3)), group_size=3)
+
+
+def test_int4_packs_pairs_across_rows_when_a_group_row_is_odd(rng):
+    w = rng.standard_normal((6, 3)).astype(np.float32)  # groups of 3: 3 integers per group row
+    t = quantize_int4(w, group_size=3)
+    assert t.packed.nbytes == 9
+    assert t.value.dtype == np.float32
+    step = np.repeat(t.scale, 3, axis=0).reshape(6, 3)  # (6, 3): each entry's group scale
+    assert (np.abs(w - t.value) <= step / 2 + 1e-6).all()
+    assert np.array_equal(t.q, np.clip(np.rint(w / step), -7, 7))
+    with pytest.raises(TypeError, match="weight"):
+        quantize_int4([[1.0, 2.0]])
+
+
+def test_quantize_model_int4_matches_float_closely_and_counts_its_bytes():
+    config = DecoderOnlyConfig(
+        vocab_size=16,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_layers=1,
+        context_length=8,
+        dtype="float32",
+    )
+    model = DecoderOnlyLM(config, rng=np.random.default_rng(0)).eval()
+    ids = np.random.default_rng(1).integers(0, 16, (2, 8))
+    reference = model.forward(ids)
+    q4 = quantize_model_int4(model, group_size=8)
+    out = q4.forward(ids)
+    assert out.dtype == np.float32
+    # reference: the float model with every matrix replaced by its dequantized int4 form
+    rounded = copy.deepcopy(model)
+    for name, p in rounded.named_parameters():
+        if p.value.ndim == 2:
+            axis = 0 if name.split(".")[-2] in ("embedding", "positions") else 1
+            p.value = quantize_int4(p.value, group_size=8, axis=axis).value
+    np.testing.assert_allclose(out, rounded.forward(ids), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(out, reference, atol=1e-3)  # four bits do change the outputs
+    assert np.array_equal(model.forward(ids), reference)  # the original is untouched
+    matrices = [p.value for p in model.parameters() if p.value.ndim == 2]
+    vectors = sum(p.value.nbytes for p in model.parameters() if p.value.ndim != 2)
+    expected = vectors + sum(w.size // 2 + (w.size // 8) * 4 for w in matrices)
+    assert weight_nbytes(q4) == expected
+    assert weight_nbytes(q4) < weight_nbytes(quantize_model(model)) < weight_nbytes(model)
+
+
+# ------------------------------------------------------------ int8 key/value cache
+def test_quantize_vectors_int8_has_one_scale_per_vector(rng):
+    x = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    q, scale = quantize_vectors_int8(x)
+    assert q.dtype == np.int8
+    assert scale.shape == (2, 3, 5, 1)
+    assert scale.dtype == np.float32
+    assert (np.abs(q).max(axis=-1) == INT8_MAX).all()  # each vector uses the whole range
+    assert (np.abs(x - q * scale) <= scale / 2 * (1 + 1e-6)).all()
+    with pytest.raises(TypeError, match="x"):
+        quantize_vectors_int8([1.0])
+    with pytest.raises(ValueError, match="finite"):
+        quantize_vectors_int8(np.array([np.nan]))
+
+
+def test_round_kv_cache_int8_rounds_only_new_positions_and_counts_bytes():
+    config = DecoderOnlyConfig(
+        vocab_size=16,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_layers=2,
+        context_length=8,
+        dtype="float32",
+    )
+    model = DecoderOnlyLM(config, rng=np.random.default_rng(0)).eval()
+    ids = np.random.default_rng(1).integers(0, 16, (3, 8))
+    state = model.start(3)
+    model.step(ids[:, :5], state)
+    before = [c.self_attention.keys.copy() for c in state.caches]
+    held = round_kv_cache_int8(state, 2)
+    for c, k in zip(state.caches, before, strict=True):
+        np.testing.assert_array_equal(c.self_attention.keys[..., :2, :], k[..., :2, :])
+        q, scale = quantize_vectors_int8(k[..., 2:, :])
+        np.testing.assert_array_equal(c.self_attention.keys[..., 2:, :], q * scale)
+    numbers = 2 * 2 * 3 * 5 * 32  # keys and values, layers, batch, positions, d_model
+    assert held == numbers + (numbers // 8) * 4  # one float32 scale per head's 8 numbers
+    # a step after rounding attends to the rounded keys: close to, not equal to, float
+    rounded = model.step(ids[:, 5:6], state)
+    exact = model.forward(ids[:, :6])[:, 5:6]
+    assert 0 < np.abs(rounded - exact).max() < 0.05 * np.abs(exact).max()
+    with pytest.raises(TypeError, match="state"):
+        round_kv_cache_int8(object(), 0)
+    with pytest.raises(ValueError, match="start"):
+        round_kv_cache_int8(state, -1)

@@ -19,6 +19,15 @@ This library computes in float32 or float64 only; :func:`mixed_precision_step` s
 float16 gradients by rounding to float16 (and back) the gradient of the logits, where the
 backward pass starts, and each parameter's gradient. That shows their underflow and
 overflow, though not the rounding of every intermediate gradient inside the backward pass.
+
+The other 16-bit format, bfloat16 (studied for training by :cite:t:`kalamkar2019study`),
+keeps float32's 8 exponent bits and 7 of its 23 stored mantissa bits: float32's range, with
+a unit roundoff of :math:`2^{-8}` instead of float16's :math:`2^{-11}`. NumPy has no
+bfloat16; the one of ``ml_dtypes`` (which JAX uses) rounds float32 to nearest, ties to even
+(float64 it rounds through float32, see :func:`round_to`). ``fmt="bfloat16"`` in
+:func:`mixed_precision_step` and :func:`round_to` selects it; :func:`format_limits` gives
+each format's range and :func:`rounded_update` what a weight update loses when the
+weights themselves are stored in a 16-bit format (no float32 master copy).
 """
 
 from __future__ import annotations
@@ -26,14 +35,132 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-from tinyformer._validation import describe, positive_float, positive_int
+from tinyformer._validation import describe, one_of, positive_float, positive_int
 from tinyformer.module import Module
 from tinyformer.moe import MixtureOfExperts
 from tinyformer.optim import Optimizer
 
-__all__ = ["DynamicLossScaler", "StaticLossScaler", "StepReport", "mixed_precision_step"]
+__all__ = [
+    "HALF_FORMATS",
+    "DynamicLossScaler",
+    "StaticLossScaler",
+    "StepReport",
+    "UpdateRounding",
+    "format_limits",
+    "mixed_precision_step",
+    "round_to",
+    "rounded_update",
+]
+
+HALF_FORMATS: dict[str, Any] = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+"""The 16-bit formats simulated here by name (IEEE float16 and ``ml_dtypes.bfloat16``)."""
+
+
+def _half(fmt: object) -> Any:
+    return HALF_FORMATS[one_of(fmt, tuple(HALF_FORMATS), "fmt")]
+
+
+def format_limits(fmt: str) -> dict[str, float]:
+    r"""The range and precision of a number format, as Python floats.
+
+    ``"max"``, the largest finite value; ``"smallest_normal"``; ``"smallest_subnormal"``,
+    at or below half of which a number rounds to zero (exactly half: ties to even); ``"eps"``, the gap between 1 and the
+    next number, :math:`2^{-p}` for :math:`p` stored mantissa bits (the relative rounding
+    error is at most half of it). ``fmt`` is ``"float16"``, ``"bfloat16"``, ``"float32"``
+    or ``"float64"``.
+    """
+    formats = {**HALF_FORMATS, "float32": np.float32, "float64": np.float64}
+    info = ml_dtypes.finfo(formats[one_of(fmt, tuple(formats), "fmt")])
+    names = ("max", "smallest_normal", "smallest_subnormal", "eps")
+    return {name: float(getattr(info, name)) for name in names}
+
+
+def round_to(x: np.ndarray, fmt: str) -> np.ndarray:
+    r"""``x`` rounded to the 16-bit format ``fmt`` (to nearest, ties to even) and back to its dtype.
+
+    .. math:: \operatorname{fmt}(x) = x\,(1 + \delta), \qquad |\delta| \le \epsilon / 2
+
+    for :math:`x` in the format's normal range (:func:`format_limits`); smaller numbers
+    lose relative precision and, below half the smallest subnormal, become zero. ``fmt``
+    is ``"float16"`` or ``"bfloat16"``; ``x`` a float32 or float64 array of any shape,
+    returned with the same shape and dtype. Values beyond the format's range become
+    infinite (no warning: overflow is what is studied).
+
+    float32 input is rounded to nearest, ties to even. float64 input is rounded to bfloat16
+    through float32 (``ml_dtypes``' cast), so a value within :math:`2^{-24}` (relative) of a
+    halfway point can go to the farther neighbour; the bound on :math:`\delta` still holds.
+    float64 to float16 is rounded directly (NumPy's cast).
+    """
+    half = _half(fmt)
+    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"x must be a float32 or float64 array, got {describe(x)}")
+    with np.errstate(over="ignore"):
+        return x.astype(half).astype(x.dtype)
+
+
+@dataclass(frozen=True)
+class UpdateRounding:
+    r"""What :func:`rounded_update` found.
+
+    Attributes
+    ----------
+    realized : numpy.ndarray
+        The change of the stored weights, :math:`\tilde w - \operatorname{fmt}(\tilde w - \Delta)`.
+    lost : float
+        Share of the non-zero entries of the update that left their weight unchanged.
+    relative_error : float
+        :math:`\lVert \text{realized} - \Delta \rVert / \lVert \Delta \rVert`.
+    """
+
+    realized: np.ndarray
+    lost: float
+    relative_error: float
+
+
+def _store(x: np.ndarray, fmt: str) -> np.ndarray:
+    """``x`` stored in ``fmt`` and read back in its dtype: a 16-bit format, or float32."""
+    if fmt == "float32":
+        return x.astype(np.float32).astype(x.dtype)
+    return round_to(x, fmt)
+
+
+def rounded_update(weights: np.ndarray, update: np.ndarray, fmt: str) -> UpdateRounding:
+    r"""The update :math:`\Delta` as it lands on weights stored in the format ``fmt``.
+
+    The weights :math:`\tilde w = \operatorname{fmt}(w)` are already in the format (a model
+    kept in 16 bits, without a float32 master copy); the new weights are rounded to it
+    again, so the step that is actually taken is
+
+    .. math:: \tilde w - \operatorname{fmt}(\tilde w - \Delta),
+
+    and an entry of :math:`\Delta` smaller than half the gap between neighbouring numbers
+    at :math:`\tilde w` is lost entirely. ``fmt`` is ``"float16"``, ``"bfloat16"`` or
+    ``"float32"`` (float32 master weights, the reference). ``weights`` and ``update`` have
+    the same shape and dtype, float32 or float64; the realized step is computed in that
+    dtype (exactly: the difference of two nearby numbers of the format is exact in it).
+    """
+    if not isinstance(weights, np.ndarray) or not isinstance(update, np.ndarray):
+        raise TypeError(
+            f"weights and update must be arrays, got {describe(weights)} and {describe(update)}"
+        )
+    if weights.shape != update.shape or weights.dtype != update.dtype:
+        raise ValueError(
+            f"update must have the shape and dtype of weights {weights.shape} {weights.dtype},"
+            f" got {update.shape} {update.dtype}"
+        )
+    if weights.dtype not in (np.float32, np.float64):
+        raise TypeError(f"weights must be float32 or float64, got {weights.dtype}")
+    one_of(fmt, (*HALF_FORMATS, "float32"), "fmt")
+    stored = _store(weights, fmt)
+    realized = stored - _store(stored - update, fmt)  # what the weights actually moved
+    moved = update != 0
+    lost = np.count_nonzero(moved & (realized == 0)) / max(np.count_nonzero(moved), 1)
+    norm = np.linalg.norm(update)
+    error = float(np.linalg.norm(realized - update) / norm) if norm else 0.0
+    return UpdateRounding(realized, float(lost), error)
 
 
 class StaticLossScaler:
@@ -110,8 +237,8 @@ class StepReport:
     scale : float
         The loss scale used for this step.
     zeroed_logit_gradients : float
-        Fraction of the non-zero entries of the (scaled) logits' gradient that float16
-        rounded to zero: the backward pass never sees them.
+        Fraction of the non-zero entries of the (scaled) logits' gradient that the 16-bit
+        format rounded to zero: the backward pass never sees them.
     zeroed_parameter_gradients : float
         The same for the parameters' gradients.
     overflow : bool
@@ -125,13 +252,12 @@ class StepReport:
     overflow: bool
 
 
-def _round_to_float16(grad: np.ndarray) -> tuple[np.ndarray, int, int]:
-    """``grad`` rounded to float16 and back; the count of non-zeros lost and of non-zeros."""
-    with np.errstate(over="ignore"):  # overflow to inf is the point
-        half = grad.astype(np.float16)
+def _round_counted(grad: np.ndarray, fmt: str) -> tuple[np.ndarray, int, int]:
+    """``grad`` rounded to ``fmt`` and back; the count of non-zeros lost and of non-zeros."""
+    rounded = round_to(grad, fmt)
     nonzero = grad != 0
-    lost = int(np.count_nonzero(nonzero & (half == 0)))
-    return half.astype(grad.dtype), lost, int(np.count_nonzero(nonzero))
+    lost = int(np.count_nonzero(nonzero & (rounded == 0)))
+    return rounded, lost, int(np.count_nonzero(nonzero))
 
 
 def mixed_precision_step(
@@ -141,6 +267,7 @@ def mixed_precision_step(
     scaler: StaticLossScaler | None = None,
     *,
     half: bool = True,
+    fmt: str = "float16",
 ) -> StepReport:
     r"""Back-propagate a scaled loss in simulated float16, unscale, and step unless it overflowed.
 
@@ -159,7 +286,9 @@ def mixed_precision_step(
     scaler : StaticLossScaler or DynamicLossScaler, optional
         None: no scaling (:math:`S = 1`).
     half : bool
-        Round the gradients to float16 (False: a full-precision step, the reference).
+        Round the gradients to a 16-bit format (False: a full-precision step, the reference).
+    fmt : str
+        That format: ``"float16"`` (the default) or ``"bfloat16"``.
 
     Returns
     -------
@@ -171,12 +300,13 @@ def mixed_precision_step(
         raise TypeError(f"optimizer must be a tinyformer Optimizer, got {describe(optimizer)}")
     if scaler is not None and not isinstance(scaler, StaticLossScaler):
         raise TypeError(f"scaler must be a loss scaler or None, got {describe(scaler)}")
+    _half(fmt)
     scale = 1.0 if scaler is None else scaler.scale
     model.zero_grad()
     grad = grad_logits * grad_logits.dtype.type(scale)  # the gradient of S * loss
     lost = total = 0
     if half:  # the backward pass starts from a float16 gradient of the logits
-        grad, lost, total = _round_to_float16(grad)
+        grad, lost, total = _round_counted(grad, fmt)
     if not np.isfinite(grad).all():  # overflow already: no backward pass, no step
         model._cache = None
         stepped = False if scaler is None else scaler.update(False)
@@ -197,7 +327,7 @@ def mixed_precision_step(
     for p in optimizer.parameters:
         g: Any = p.grad
         if half:
-            g, n_lost, n_total = _round_to_float16(g)
+            g, n_lost, n_total = _round_counted(g, fmt)
             lost_params, total_params = lost_params + n_lost, total_params + n_total
         with np.errstate(invalid="ignore"):  # inf / S stays inf
             p.grad[...] = g / p.grad.dtype.type(scale)  # unscale in full precision
