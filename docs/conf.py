@@ -45,6 +45,7 @@ extensions = [
     "book_map",  # the landing page's map of the book, from its toctrees
     "notebooks",  # every executable page downloadable as .ipynb
     "icon_subset",  # FontAwesome's fonts cut to the icons the pages show
+    "png_palette",  # figures stored with 256 colours where that changes no pixel visibly
     "sphinx_design",
     "sphinx_copybutton",
     "sphinxcontrib.bibtex",
