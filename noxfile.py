@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -197,6 +199,16 @@ def _sphinx(
     )
 
 
+def _install_book_tools(session: nox.Session) -> None:
+    """The package with the docs group, the reference group where it installs, quiet kernels."""
+    _install_package(session, "docs")
+    try:
+        session.install(*_group("reference"))
+    except CommandFailed:
+        session.warn("PyTorch could not be installed: pages cannot compare with transformers")
+    _kernel_quiet(session)
+
+
 @nox.session(venv_backend="virtualenv")
 def docs(session: nox.Session) -> None:
     """Regenerate the figures, then build the HTML book strictly (warnings are errors).
@@ -211,12 +223,7 @@ def docs(session: nox.Session) -> None:
     (pip finds PyTorch's wheel on disk on the book's machines, hence virtualenv and
     pip here); where it cannot be installed, the session says so.
     """
-    _install_package(session, "docs")
-    try:
-        session.install(*_group("reference"))
-    except CommandFailed:
-        session.warn("PyTorch could not be installed: pages cannot compare with transformers")
-    _kernel_quiet(session)
+    _install_book_tools(session)
     times = {}
     started = time.perf_counter()
     offset = _precompute_runs(session)
@@ -230,6 +237,54 @@ def docs(session: nox.Session) -> None:
     # benchmarks/bench_build.py reads this line
     session.log("timing: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in times.items()))
     session.log(f"The book is in {HTML / 'index.html'}")
+
+
+# The PDF of the whole book (nox -s pdf): its LaTeX build folder, and its name in the HTML folder,
+# where every page's download menu links it (docs/_ext/book_pdf.py).
+LATEX = BUILD / "latex"
+PDF_NAME = "understanding-transformers.pdf"
+# What the PDF needs from the system (Debian): XeLaTeX and latexmk, the fonts, pdftotext/pdfinfo.
+TEX_PACKAGES = (
+    "texlive-xetex texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended"
+    " tex-gyre fonts-freefont-otf fonts-droid-fallback fonts-symbola latexmk xindy poppler-utils"
+)
+
+
+@nox.session(venv_backend="virtualenv")
+def pdf(session: nox.Session) -> None:
+    """Build the whole book as one PDF and put it in the HTML folder (after `nox -s docs`).
+
+    Sphinx's LaTeX builder reads docs/book.md (index.md's parts and chapters, the back matter
+    as appendices) with the tag ``pdf``; the chapters' outputs come from the execution cache
+    that `nox -s docs` filled, so nothing is executed again. XeLaTeX typesets it (latexmk runs
+    it until the cross-references settle); the PDF is copied beside index.html, where the
+    download menu of every page links it. `nox -s browser` then checks with pdftotext that
+    every chapter title and figure caption is in it. Needs Debian's TeX Live (TEX_PACKAGES).
+    """
+    missing = [tool for tool in ("xelatex", "latexmk", "pdftotext") if not shutil.which(tool)]
+    if missing:
+        session.error(f"{', '.join(missing)} not found: apt-get install {TEX_PACKAGES}")
+    if not (HTML / "index.html").is_file():
+        session.error("no built book found: run `nox -s docs` first (the PDF reuses its outputs)")
+    _install_book_tools(session)
+    started = time.perf_counter()
+    _sphinx(session, "latex", LATEX, "-t", "pdf", *session.posargs)
+    typeset = time.perf_counter()
+    session.run(
+        "make", "-C", str(LATEX), "all-pdf",
+        env={"LATEXMKOPTS": "-interaction=nonstopmode -halt-on-error", "SOURCE_DATE_EPOCH": "0"},
+        external=True, silent=True,
+    )  # fmt: skip
+    built = LATEX / PDF_NAME
+    shutil.copyfile(built, HTML / PDF_NAME)
+    info = subprocess.run(["pdfinfo", str(built)], check=True, capture_output=True, text=True)
+    pages = next(line.split()[-1] for line in info.stdout.splitlines() if line[:6] == "Pages:")
+    session.log(
+        f"timing: sphinx {typeset - started:.2f} s, xelatex {time.perf_counter() - typeset:.2f} s"
+    )
+    session.log(
+        f"The PDF ({pages} pages, {built.stat().st_size / 1e6:.1f} MB) is in {HTML / PDF_NAME}"
+    )
 
 
 @nox.session(name="docs-perturbed")

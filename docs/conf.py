@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -50,8 +51,10 @@ extensions = [
     "sphinx_copybutton",
     "sphinxcontrib.bibtex",
     "sphinx_sitemap",  # sitemap.xml, for search engines, from BOOK_URL
+    "whole_sitemap",  # ... listing every page, also after a build that rewrote only some
     "sphinxext.opengraph",  # link-preview tags (title, description, card image) on every page
     "notfound.extension",  # 404.html, whose links work from any missing address
+    "book_pdf",  # the download menu links the whole book's PDF (nox -s pdf)
 ]
 
 exclude_patterns = [
@@ -85,6 +88,8 @@ myst_heading_anchors = 3
 myst_dmath_double_inline = True
 
 nb_execution_mode = "cache"
+# text/markdown outputs (the table of runs in reproducing.md) with GitHub's tables
+nb_render_markdown_format = "gfm"
 # A cell that raises is reported as a warning that names the page and shows the
 # cell and its traceback; the strict build (--fail-on-warning, as `nox -s docs`
 # runs it) then fails. Raising instead would stop a parallel build with only the
@@ -199,3 +204,58 @@ linkcheck_timeout = 10
 linkcheck_retries = 1
 linkcheck_workers = 8
 linkcheck_report_timeouts_as_broken = False
+
+# -- The PDF (nox -s pdf) ----------------------------------------------------------
+# Sphinx's LaTeX builder, typeset by XeLaTeX (Unicode text and the FreeFont faces of Debian's
+# fonts-freefont-otf); the chapters' outputs come from the same execution cache as the HTML.
+latex_engine = "xelatex"
+if tags.has("pdf"):  # noqa: F821
+    # the title page's date is the commit's (the same commit gives the same PDF); only the PDF
+    # build sets it, as a change of `today` makes Sphinx read every page again
+    try:
+        _commit = subprocess.run(
+            ["git", "log", "-1", "--format=%cs"],
+            check=False,
+            cwd=DOCS,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:  # no git: a copy of the tree, not a clone
+        _commit = ""
+    today = _commit or "undated"
+# HTML outputs (tables, explorers) rather than their plain-text stand-ins: docs/_ext/book_pdf.py
+# turns them into tables and paragraphs LaTeX can print
+nb_mime_priority_overrides = [("latex", "text/html", 55)]  # text/plain is 60
+# The PDF's root is book.md (index.md's parts and chapters without the landing page, whose
+# toctrees sit inside its last section); the HTML build leaves it out. `nox -s pdf` sets the tag.
+if not tags.has("pdf"):  # noqa: F821 (Sphinx defines tags for conf.py)
+    exclude_patterns.append("book.md")
+latex_documents = [("book", "understanding-transformers.tex", project, author, "manual")]
+latex_show_urls = "no"
+latex_show_pagerefs = False
+latex_elements = {
+    "papersize": "a4paper",
+    "pointsize": "10pt",
+    "figure_align": "htbp",
+    # long code lines wrap instead of running off the page
+    "sphinxsetup": "verbatimwrapslines=true, verbatimforcewraps=true",
+    # a citation inside a figure caption is a moving argument: keep its link from expanding
+    "preamble": r"""
+\makeatletter
+\let\bookDUrole\DUrole
+\DeclareRobustCommand{\DUrole}[2]{\bookDUrole{#1}{#2}}
+\AtBeginDocument{\let\bookhyperlink\hyperlink
+  \DeclareRobustCommand{\hyperlink}[2]{\bookhyperlink{#1}{#2}}}
+\makeatother
+% characters outside FreeFont: CJK from Droid Sans Fallback, pictographs from Symbola
+% (fonts-droid-fallback, fonts-symbola); the PDF check fails on any other missing glyph
+\usepackage{newunicodechar}
+\newfontfamily\bookcjk{DroidSansFallbackFull.ttf}[Path=/usr/share/fonts/truetype/droid/]
+\newfontfamily\booksymbols{Symbola_hint.ttf}[Path=/usr/share/fonts/truetype/ancient-scripts/]
+\newunicodechar{日}{{\bookcjk 日}}
+\newunicodechar{本}{{\bookcjk 本}}
+\newunicodechar{語}{{\bookcjk 語}}
+\newunicodechar{🐍}{{\booksymbols 🐍}}
+\newunicodechar{🎉}{{\booksymbols 🎉}}
+""",
+}

@@ -28,6 +28,8 @@ from tinyformer.experiments.result import ExperimentResult
 from tinyformer.experiments.reverse import reversal
 from tinyformer.experiments.scaling import book_runs as scaling_runs
 from tinyformer.experiments.scaling import scaling
+from tinyformer.experiments.scratchpad import book_runs as parity_runs
+from tinyformer.experiments.scratchpad import parity
 
 __all__ = [
     "BOOK_RUNS",
@@ -49,6 +51,7 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "moe_lm": moe_lm,
     "finetune": finetune,
     "real_text": real_text,
+    "parity": parity,
 }
 """Every experiment by name, mapped to the function that runs it from keyword arguments."""
 
@@ -82,6 +85,10 @@ BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("in_context", {"seed": 1}),
     ("in_context", {"seed": 2}),
     ("in_context", {"seed": 0, "positional": "learned"}),
+    ("in_context", {"seed": 0, "positional": "rotary"}),
+    # parity of 16 bits answered directly and after a scratchpad of running parities,
+    # three seeds each (chapter "What transformers can and cannot do")
+    *parity_runs(),
     # the draft model of speculative decoding (chapter "Fast inference"): small and weaker
     ("markov_lm", {"seed": 0, "d_model": 16, "n_heads": 2, "d_ff": 64, "n_layers": 1}),
     # post-norm against pre-norm at depth (chapter "Residual connections and normalization"),
@@ -114,6 +121,7 @@ BOOK_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
 TYPICAL_SECONDS: dict[str, float] = {
     "real_text": 820.0,
     "in_context": 110.0,
+    "parity": 40.0,
     "reversal": 62.0,
     "markov_lm": 34.0,
     "masked_lm": 32.0,
