@@ -1,7 +1,13 @@
-"""Every internal link and anchor of the built book points at something that exists."""
+"""Every internal link and anchor of the built book points at something that exists.
+
+The one exception: the whole book's PDF, which every page's download menu links, is made by
+``nox -s pdf`` after the HTML; with none built its links are left to tests/book/test_pdf.py,
+which skips saying so (or fails, where ``BOOK_REQUIRE_PDF=1``, as in CI).
+"""
 
 from __future__ import annotations
 
+import os
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import ClassVar
@@ -10,6 +16,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 pytestmark = pytest.mark.book
+
+PDF_NAME = "understanding-transformers.pdf"
 
 
 class _Collector(HTMLParser):
@@ -68,7 +76,9 @@ def test_internal_links_and_anchors_resolve(html_root, all_pages, book_prefix):
                 problems.append(f"{page}: {target} -> outside the book's folder")
                 continue
             if not file.exists():
-                problems.append(f"{page}: {target} -> missing file")
+                pdf_not_made = file.name == PDF_NAME and os.environ.get("BOOK_REQUIRE_PDF") != "1"
+                if not pdf_not_made:
+                    problems.append(f"{page}: {target} -> missing file")
                 continue
             if parts.fragment and file.suffix == ".html":
                 key = file.relative_to(html.resolve()).as_posix()
