@@ -209,7 +209,12 @@ linkcheck_report_timeouts_as_broken = False
 # Sphinx's LaTeX builder, typeset by XeLaTeX (Unicode text and the FreeFont faces of Debian's
 # fonts-freefont-otf); the chapters' outputs come from the same execution cache as the HTML.
 latex_engine = "xelatex"
-if tags.has("pdf"):  # noqa: F821
+# HTML outputs (tables, explorers) rather than their plain-text stand-ins: docs/_ext/book_pdf.py
+# turns them into tables and paragraphs LaTeX can print
+nb_mime_priority_overrides = [("latex", "text/html", 55)]  # text/plain is 60
+# The PDF's root is book.md (index.md's parts and chapters without the landing page, whose
+# toctrees sit inside its last section); the HTML build leaves it out. `nox -s pdf` sets the tag.
+if tags.has("pdf"):  # noqa: F821 (Sphinx defines tags for conf.py)
     # the title page's date is the commit's (the same commit gives the same PDF); only the PDF
     # build sets it, as a change of `today` makes Sphinx read every page again
     try:
@@ -223,12 +228,7 @@ if tags.has("pdf"):  # noqa: F821
     except OSError:  # no git: a copy of the tree, not a clone
         _commit = ""
     today = _commit or "undated"
-# HTML outputs (tables, explorers) rather than their plain-text stand-ins: docs/_ext/book_pdf.py
-# turns them into tables and paragraphs LaTeX can print
-nb_mime_priority_overrides = [("latex", "text/html", 55)]  # text/plain is 60
-# The PDF's root is book.md (index.md's parts and chapters without the landing page, whose
-# toctrees sit inside its last section); the HTML build leaves it out. `nox -s pdf` sets the tag.
-if not tags.has("pdf"):  # noqa: F821 (Sphinx defines tags for conf.py)
+else:
     exclude_patterns.append("book.md")
 latex_documents = [("book", "understanding-transformers.tex", project, author, "manual")]
 latex_show_urls = "no"
@@ -248,7 +248,8 @@ latex_elements = {
   \DeclareRobustCommand{\hyperlink}[2]{\bookhyperlink{#1}{#2}}}
 \makeatother
 % characters outside FreeFont: CJK from Droid Sans Fallback, pictographs from Symbola
-% (fonts-droid-fallback, fonts-symbola); the PDF check fails on any other missing glyph
+% (fonts-droid-fallback, fonts-symbola); any other glyph FreeFont lacks is only a warning,
+% "Missing character", in docs/_build/latex/understanding-transformers.log
 \usepackage{newunicodechar}
 \newfontfamily\bookcjk{DroidSansFallbackFull.ttf}[Path=/usr/share/fonts/truetype/droid/]
 \newfontfamily\booksymbols{Symbola_hint.ttf}[Path=/usr/share/fonts/truetype/ancient-scripts/]

@@ -31,7 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from tinyformer._validation import describe, non_negative_int, positive_int, token_ids
+from tinyformer._validation import (
+    describe,
+    generator,
+    non_negative_int,
+    positive_int,
+    token_ids,
+)
 from tinyformer.multihead import KVCache
 
 __all__ = [
@@ -292,8 +298,7 @@ def random_requests(
     The prompts' tokens are uniform over ``vocab_size`` ids; everything is drawn from ``rng``.
     """
     vocab_size = positive_int(vocab_size, "vocab_size")
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator, got {describe(rng)}")
+    rng = generator(rng)
     for name, (low, high) in (
         ("prompt_lengths", prompt_lengths),
         ("output_lengths", output_lengths),
@@ -469,7 +474,7 @@ def serve(
     if len(requests) == 0:
         raise ValueError("requests must be a non-empty sequence of Request, got none")
     queue = deque(range(len(requests)))
-    running: dict[int, Any] = {}  # request -> (state, table, tokens so far)
+    running: dict[int, Any] = {}  # request -> (decode state or None, [its block table])
     tokens: list[list[int]] = [[] for _ in requests]
     batch, blocks, positions = [], [], []
     finished = np.zeros(len(requests), dtype=int)
@@ -486,9 +491,8 @@ def serve(
         for i, (state, (table,)) in running.items():
             request, done = requests[i], len(tokens[i])
             new = request.prompt if done == 0 else np.array(tokens[i][-1:])  # (n,)
-            table.reserve(
-                len(request.prompt) + done
-            )  # the positions this step leaves in the cache
+            # the positions this step leaves in the cache
+            table.reserve(len(request.prompt) + done)
             if model is None:
                 tokens[i].append(-1)
             else:

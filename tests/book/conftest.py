@@ -77,6 +77,18 @@ def html_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def pdf_path(html_root: Path) -> Path:
+    """Where ``nox -s pdf`` puts the whole book's PDF (noxfile.py's PDF_NAME); maybe not built."""
+    return html_root / "understanding-transformers.pdf"
+
+
+@pytest.fixture(scope="session")
+def pdf_required() -> bool:
+    """Whether a missing PDF is a failure (``BOOK_REQUIRE_PDF=1``, as in CI) or a skip."""
+    return os.environ.get("BOOK_REQUIRE_PDF") == "1"
+
+
+@pytest.fixture(scope="session")
 def all_pages() -> list[str]:
     """Every page of the book, relative to the HTML root."""
     _require_book()

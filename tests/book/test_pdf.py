@@ -12,7 +12,6 @@ sets it): an author without TeX Live can still run the rest of the browser check
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import unicodedata
@@ -25,7 +24,6 @@ pytestmark = pytest.mark.book
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-PDF_NAME = "understanding-transformers.pdf"
 
 
 def _toctrees(source: Path) -> list[list[str]]:
@@ -44,14 +42,13 @@ def test_the_pdf_has_the_chapters_of_the_html_book_in_the_same_order():
 
 
 @pytest.fixture(scope="module")
-def pdf(html_root: Path) -> Path:
-    path = html_root / PDF_NAME
-    if not path.is_file():
-        message = f"no PDF at {path}: run `nox -s pdf` after `nox -s docs`"
-        if os.environ.get("BOOK_REQUIRE_PDF") == "1":
+def pdf(pdf_path: Path, pdf_required: bool) -> Path:
+    if not pdf_path.is_file():
+        message = f"no PDF at {pdf_path}: run `nox -s pdf` after `nox -s docs`"
+        if pdf_required:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    return path
+    return pdf_path
 
 
 def _letters(text: str) -> str:
@@ -160,7 +157,7 @@ def test_every_chapter_offers_the_pdf_in_its_download_menu(html_root, pdf):
         page = html_root / source.relative_to(DOCS).with_suffix(".html")
         links = _Links()
         links.feed(page.read_text(encoding="utf-8"))
-        targets = {(page.parent / href).resolve() for href in links.hrefs if PDF_NAME in href}
+        targets = {(page.parent / href).resolve() for href in links.hrefs if pdf.name in href}
         if targets != {pdf.resolve()}:
             without.append(page.relative_to(html_root).as_posix())
     assert not without, f"pages whose menu does not link the book's PDF: {without}"
