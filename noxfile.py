@@ -56,9 +56,18 @@ def _group(name: str) -> list[str]:
     return list(nox.project.dependency_groups(PYPROJECT, name))
 
 
-def _install_package(session: nox.Session, *groups: str) -> None:
+def _install_package(session: nox.Session, *groups: str, extra: tuple[str, ...] = ()) -> None:
     deps = [req for group in groups for req in _group(group)]
-    session.install("-e", str(ROOT), *deps)
+    session.install("-e", str(ROOT), *deps, *extra)
+
+
+def _numpy_floor() -> str:
+    """The oldest NumPy pyproject.toml allows ("numpy>=X.Y" -> "X.Y")."""
+    for requirement in PYPROJECT["project"]["dependencies"]:
+        name, _, floor = requirement.partition(">=")
+        if name.strip() == "numpy":
+            return floor.split(",")[0].split(";")[0].strip()
+    raise ValueError("pyproject.toml: no 'numpy>=' dependency")
 
 
 @nox.session(venv_backend="virtualenv")
@@ -88,6 +97,30 @@ def tests(session: nox.Session) -> None:
         env=SCRIPT_ENV,
     )
     _report_runs(session, offset)
+
+
+@nox.session(venv_backend="virtualenv")
+@nox.parametrize("version", ["oldest", "newest"])
+def numpy(session: nox.Session, version: str) -> None:
+    """Run the unit tests on the oldest NumPy tinyformer supports, or on the newest.
+
+    The oldest is the floor in pyproject.toml, the NumPy of the book's in-browser Python
+    (1.25); ``nox -s tests`` runs with whatever NumPy pip picks, the newest on a fresh machine.
+    The slow tests, which check the book's stored training runs, and the PyTorch reference
+    tests are left to ``nox -s tests``: a run is stored per NumPy version, so here they would
+    train all of them again. ``nox -s "numpy(oldest)"`` runs one version.
+    """
+    pin = f"numpy=={_numpy_floor()}.*" if version == "oldest" else "numpy"
+    _install_package(session, "test", extra=(pin,))
+    if version == "newest":
+        session.install("--upgrade", "numpy")
+    session.run("python", "-c", "import numpy; print('NumPy', numpy.__version__)")
+    store = Path(session.create_tmp()) / "experiments"
+    session.run(
+        "pytest", "--numprocesses", "auto", "-p", "no:cacheprovider",
+        "-m", "not book and not slow and not reference", *session.posargs,
+        env={**SCRIPT_ENV, "TINYFORMER_STORE": str(store)},
+    )  # fmt: skip
 
 
 @nox.session(venv_backend="virtualenv")
@@ -362,6 +395,8 @@ def serve(session: nox.Session) -> None:
         str(ROOT / "src"),
         "--ignore",
         str(FIGURES),
+        "--ignore",
+        str(BUILD),  # what a build writes (the live pages' notebooks, caches) is not a change
         "--nitpicky",
         "--doctree-dir",
         str(_doctrees(HTML)),
@@ -440,7 +475,9 @@ def browser(session: nox.Session) -> None:
     found in the top three search results for its title's main term; on a
     glossary definition missing on hover or focus; on an off-host address in
     the built files; and runs one downloaded notebook (so tinyformer is
-    installed). Screenshots go to docs/_build/screenshots/.
+    installed); starts the live mode of a chapter and runs its code and an exercise in the
+    in-browser Python. It runs in a network namespace of its own where it can (``unshare
+    --net``): nothing but 127.0.0.1 is reachable. Screenshots go to docs/_build/screenshots/.
     """
     if not (HTML / "index.html").is_file():
         session.error("no built book found: run `nox -s docs` first")
@@ -453,7 +490,20 @@ def browser(session: nox.Session) -> None:
     # Two workers, each with its own server and Chromium: the pages are independent, and one
     # browser leaves a core idle while Python waits on it (BOOK_BROWSER_WORKERS=0: one process).
     workers = os.environ.get("BOOK_BROWSER_WORKERS", "2")
-    session.run("pytest", "-m", "book", "-n", workers, "tests/book", *session.posargs, env=env)
+    command = ["pytest", "-m", "book", "-n", workers, "tests/book", *session.posargs]
+    # With the network cut: a network namespace of its own, where only 127.0.0.1 answers
+    # (needs root, or unprivileged user namespaces; BOOK_REQUIRE_OFFLINE=1 makes it required).
+    offline = ["unshare", "--net", "python", str(SCRIPTS / "without_network.py")]
+    if (
+        shutil.which("unshare")
+        and subprocess.run([*offline[:2], "true"], check=False).returncode == 0
+    ):
+        command = [*offline, *command]
+    elif os.environ.get("BOOK_REQUIRE_OFFLINE") == "1":
+        session.error("cannot cut the network (unshare --net failed) and BOOK_REQUIRE_OFFLINE=1")
+    else:
+        session.warn("unshare --net is not available: checking with the network on")
+    session.run(*command, env=env)
 
 
 @nox.session(venv_backend="virtualenv")

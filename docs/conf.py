@@ -45,6 +45,7 @@ extensions = [
     "api_pages",  # one API page per module listed in api.md (docs/api/, generated)
     "book_map",  # the landing page's map of the book, from its toctrees
     "notebooks",  # every executable page downloadable as .ipynb
+    "live",  # tagged cells and exercises run in the browser (JupyterLite)
     "icon_subset",  # FontAwesome's fonts cut to the icons the pages show
     "png_palette",  # figures stored with 256 colours where that changes no pixel visibly
     "sphinx_design",
@@ -73,7 +74,7 @@ numfig = True
 nitpick_ignore_regex = [
     (r"py:class", r"(numpy|np)\..*"),
     (r"py:class", r"(matplotlib|Axes|Figure)(\..*)?"),
-    (r"py:class", r"(collections\.abc\.|typing\.)?(Sequence|Mapping|Iterator|Any)"),
+    (r"py:class", r"(collections\.abc\.|typing\.)?(Sequence|Mapping|Iterator|Any|Callable)"),
     (r"py:class", r"int|float|bool|str|object|None|tuple|list|dict|type|optional"),
     (r"py:class", r"array_like|float32|float64|float32 or float64|Path|pathlib\.Path"),
     (r"py:class", r"numpy.ndarray of (int|bool)"),

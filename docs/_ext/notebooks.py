@@ -44,7 +44,11 @@ def notebook(app: Sphinx, docname: str) -> nbformat.NotebookNode | None:
     reader = create_nb_reader(str(path), app.env.myst_config, app.env.mystnb_config, text)
     if reader is None:
         return None
-    nb = reader.read(text)
+    return downloadable(reader.read(text))
+
+
+def downloadable(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A page read as a notebook (myst-nb's reader), as the download offers it."""
     for cell in nb.cells:
         if cell.cell_type == "code" and GLUE_IMPORT in cell.source:
             lines = cell.source.splitlines()

@@ -25,13 +25,15 @@ allocator (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``,
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from threadpoolctl import threadpool_limits
+try:
+    from threadpoolctl import threadpool_limits
+except ImportError:  # a Python without it, such as the book's in-browser one (single-threaded)
+    threadpool_limits = None
 
 from tinyformer._validation import describe, positive_int
 
@@ -107,12 +109,17 @@ def threads_for(
 def blas_threads(n: int | None) -> Iterator[int | None]:
     """Limit the BLAS libraries NumPy loaded to ``n`` threads inside the block (None: unchanged).
 
-    Yields the limit (None when ``n`` is None).
+    Yields the limit (None when ``n`` is None). Without ``threadpoolctl`` (an optional
+    dependency where it cannot work, such as the in-browser Python of the book's live pages)
+    the block runs with the BLAS's own setting.
     """
     if n is None:
         yield None
         return
     n = positive_int(n, "n")
+    if threadpool_limits is None:  # without threadpoolctl the BLAS keeps its own setting
+        yield n
+        return
     with threadpool_limits(limits=n, user_api="blas"):
         yield n
 
@@ -132,6 +139,8 @@ def retain_freed_memory() -> bool:
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
+    import ctypes  # noqa: PLC0415  (only here: not every Python has it, e.g. WebAssembly builds)
+
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # pragma: no cover - glibc always has it

@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
+from tinyformer._optional import ml_dtypes
 from tinyformer._validation import describe, non_negative_int, positive_int
 from tinyformer.memory_budget import bytes_per_parameter
 from tinyformer.module import Module, Parameter
@@ -158,8 +158,8 @@ class ZeroDataParallel:
         master = Parameter(part("master weights", padded))
         optimizer = AdamW([master], **adamw)
         master.grad = None  # no float32 gradient is held between steps
-        weights = part("weights", padded).astype(ml_dtypes.bfloat16)
-        gradients = np.zeros_like(part("gradients", padded), dtype=ml_dtypes.bfloat16)
+        weights = part("weights", padded).astype(ml_dtypes().bfloat16)
+        gradients = np.zeros_like(part("gradients", padded), dtype=ml_dtypes().bfloat16)
         return ZeroDevice(weights, gradients, master, optimizer)
 
     # ------------------------------------------------------------------ one step
@@ -183,11 +183,11 @@ class ZeroDataParallel:
             self.model.zero_grad()
             loss_and_backward(self.model, rows)
             grad = np.concatenate([p.grad.ravel() for p in self.params])  # (Psi,) float32
-            local.append(self._padded(grad).astype(ml_dtypes.bfloat16))
+            local.append(self._padded(grad).astype(ml_dtypes().bfloat16))
         total = local[0].astype(np.float32)
         for g in local[1:]:  # the all-reduce (or reduce-scatter): devices added in order
             total += g.astype(np.float32)
-        average = (total / np.float32(self.n_devices)).astype(ml_dtypes.bfloat16)  # (N_d shard,)
+        average = (total / np.float32(self.n_devices)).astype(ml_dtypes().bfloat16)  # (N_d shard,)
         for d, device in enumerate(self.devices):
             sharded = "gradients" in SHARDED_PARTS[self.stage]
             device.gradients[...] = (
@@ -195,7 +195,7 @@ class ZeroDataParallel:
             )
             self._update(d, device, average)
         if self.stage in (1, 2):  # all-gather the new weights into every device's whole copy
-            shards = [dev.master.value.astype(ml_dtypes.bfloat16) for dev in self.devices]
+            shards = [dev.master.value.astype(ml_dtypes().bfloat16) for dev in self.devices]
             gathered = np.concatenate(shards)[: self.n_parameters]
             for device in self.devices:
                 device.weights[...] = gathered
@@ -207,7 +207,7 @@ class ZeroDataParallel:
         device.optimizer.step()
         device.master.grad = None
         if self.stage in (0, 3):  # the weights it holds are exactly the ones it updated
-            device.weights[...] = device.master.value.astype(ml_dtypes.bfloat16)
+            device.weights[...] = device.master.value.astype(ml_dtypes().bfloat16)
 
     def _load(self, flat: np.ndarray) -> None:
         offset = 0

@@ -47,8 +47,8 @@ PAGE_WEIGHTS = SCREENSHOTS / "page-weights.jsonl"
 
 
 def book_pages() -> list[str]:
-    """Every HTML page of the built book, relative to its root (assets excluded)."""
-    skip = {"_static", "_sources", "_images", "jupyter_execute"}
+    """Every HTML page of the built book, relative to its root (assets and JupyterLite excluded)."""
+    skip = {"_static", "_sources", "_images", "jupyter_execute", "live"}  # live: JupyterLite
     return sorted(
         p.relative_to(HTML).as_posix()
         for p in HTML.rglob("*.html")

@@ -25,8 +25,15 @@ JS_URL = re.compile(r"""(?:https?:)?//[a-z0-9.-]+\.[a-z]{2,}(?:/[^\s'"`)<>]*)?""
 # In scripts: an address is a load if it is on a CDN or names a file type a page fetches.
 CDN_HOST = re.compile(r"cdn|jsdelivr|unpkg|googleapis|gstatic|cloudflare|bootstrapcdn|polyfill")
 FETCHED = re.compile(r"\.(js|mjs|css|json|woff2?|ttf|otf|eot|wasm|png|svg|jpe?g|gif)(\?|$)")
-# XML namespace names are identifiers that no one fetches.
-NAMESPACES = ("www.w3.org/", "exslt.org/", "ns.saxonica.com/")
+# XML namespace names are identifiers that no one fetches; so are two JSON Schema identifiers
+# in JupyterLab's scripts (the live pages): ajv's "$id" of its data schema and Vega's "$schema".
+NAMESPACES = (
+    "www.w3.org/",
+    "exslt.org/",
+    "ns.saxonica.com/",
+    "raw.githubusercontent.com/ajv-validator/ajv/master/lib/refs/data.json",
+    "vega.github.io/schema/",
+)
 
 
 class _Loads(HTMLParser):

@@ -119,6 +119,9 @@ def test_new_figure_restores_the_style_after_a_reset():
 
 
 def test_the_cycle_is_petroff10_and_no_series_depends_on_colour_alone():
+    # The style as a figure of the book gets it (another test may have reset matplotlib's
+    # settings in this process: which one ran before depends on how pytest-xdist shared them).
+    plt.close(new_figure()[0])
     cycle = list(mpl.rcParams["axes.prop_cycle"])
     colours = [entry["color"] for entry in cycle]
     assert colours == list(viz.PETROFF10)

@@ -35,9 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from tinyformer._optional import ml_dtypes
 from tinyformer._validation import describe, one_of, positive_float, positive_int
 from tinyformer.module import Module
 from tinyformer.moe import MixtureOfExperts
@@ -55,12 +55,21 @@ __all__ = [
     "rounded_update",
 ]
 
-HALF_FORMATS: dict[str, Any] = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-"""The 16-bit formats simulated here by name (IEEE float16 and ``ml_dtypes.bfloat16``)."""
+HALF_FORMATS: tuple[str, ...] = ("float16", "bfloat16")
+"""The names of the 16-bit formats simulated here, IEEE float16 (NumPy's) and bfloat16 (the
+``ml_dtypes`` package's, needed for bfloat16 only)."""
+
+
+def _dtype(fmt: object, formats: tuple[str, ...]) -> Any:
+    """The NumPy type of the format named ``fmt``, one of ``formats``."""
+    name = one_of(fmt, formats, "fmt")
+    if name == "bfloat16":
+        return ml_dtypes().bfloat16
+    return np.dtype(name).type
 
 
 def _half(fmt: object) -> Any:
-    return HALF_FORMATS[one_of(fmt, tuple(HALF_FORMATS), "fmt")]
+    return _dtype(fmt, HALF_FORMATS)
 
 
 def format_limits(fmt: str) -> dict[str, float]:
@@ -72,8 +81,8 @@ def format_limits(fmt: str) -> dict[str, float]:
     error is at most half of it). ``fmt`` is ``"float16"``, ``"bfloat16"``, ``"float32"``
     or ``"float64"``.
     """
-    formats = {**HALF_FORMATS, "float32": np.float32, "float64": np.float64}
-    info = ml_dtypes.finfo(formats[one_of(fmt, tuple(formats), "fmt")])
+    dtype = _dtype(fmt, (*HALF_FORMATS, "float32", "float64"))
+    info = ml_dtypes().finfo(dtype) if dtype.__name__ == "bfloat16" else np.finfo(dtype)
     names = ("max", "smallest_normal", "smallest_subnormal", "eps")
     return {name: float(getattr(info, name)) for name in names}
 
