@@ -62,6 +62,9 @@ to WebAssembly in this browser tab, with the book's own `tinyformer`. Run a cell
 Shift+Enter, from the top; edit anything. Your changes stay in this browser (the page's menu
 can download the notebook). Cells that train the book's models or draw its figures stay in the
 chapter: they need more than a browser tab offers."""
+# JupyterLab's settings for the live notebooks: every cell drawn (JupyterLab otherwise draws
+# only the cells in view, and a short notebook gains nothing from that).
+SETTINGS = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
 EXERCISE_INTRO = """\
 **Exercise: write `{name}`** (from the chapter *{title}*). Complete the function in the next
 cell: its docstring says what it takes and returns. Run it, then run the check below it: the
@@ -329,7 +332,7 @@ def _write_contents(app: Sphinx, contents: Path) -> None:
 
 
 def _digest(contents: Path) -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(json.dumps(SETTINGS, sort_keys=True).encode())
     for package in ("jupyterlite-core", "jupyterlite-xeus-python"):
         h.update(f"{package}={version(package)}\n".encode())
     for path in sorted(contents.rglob("*")):
@@ -353,6 +356,7 @@ def _build_lite(app: Sphinx, exception: Exception | None) -> None:
     lite_dir = build / "live-lite"
     shutil.rmtree(lite_dir, ignore_errors=True)
     lite_dir.mkdir(parents=True)
+    (lite_dir / "overrides.json").write_text(json.dumps(SETTINGS, indent=2), encoding="utf-8")
     shutil.rmtree(output, ignore_errors=True)
     command = [
         sys.executable, "-m", "jupyterlite_core", "build",

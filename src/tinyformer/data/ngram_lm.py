@@ -91,7 +91,7 @@ def bits_per_byte(nats: float, n_bytes: int) -> float:
 def count_of_counts(counts: np.ndarray, largest: int = 4) -> np.ndarray:
     """``n[c]`` for ``c = 0..largest``: how many entries of ``counts`` equal ``c`` (``n[0]`` unused)."""
     counts = np.asarray(counts)
-    kept = counts[(counts >= 1) & (counts <= largest)].astype(np.int64)
+    kept = counts[(counts >= 1) & (counts <= largest)].astype(np.intp)
     return np.bincount(kept, minlength=largest + 1)
 
 
@@ -159,7 +159,7 @@ class AddOneUnigram:
     def fit(self, ids: object) -> AddOneUnigram:
         """Count the training stream ``ids`` (shape ``(N,)``); returns the model."""
         ids = _stream(ids, self.vocab_size, "ids")
-        counts = np.bincount(ids, minlength=self.vocab_size) + 1.0
+        counts = np.bincount(ids.astype(np.intp, copy=False), minlength=self.vocab_size) + 1.0
         self.log_p = np.log(counts / counts.sum())
         return self
 
@@ -224,7 +224,7 @@ class _Counts:
 
     def continuation(self, k: int) -> np.ndarray:
         """How many distinct tokens come before each k-gram: distinct (k+1)-grams ending in it."""
-        suffix = self.numbers[k - 1][self.ends[k]]
+        suffix = self.numbers[k - 1][self.ends[k]].astype(np.intp, copy=False)
         return np.bincount(suffix, minlength=self.keys[k - 1].size).astype(np.float64)
 
 
@@ -306,7 +306,8 @@ class KneserNey:
 
     def _level(self, keys: np.ndarray, counts: np.ndarray, n_contexts: int) -> _Level:
         d = kneser_ney_discounts(count_of_counts(counts), self.discounts)
-        context = keys // self.vocab_size
+        # np.bincount takes the platform's index type: int32 on 32-bit builds (WebAssembly)
+        context = (keys // self.vocab_size).astype(np.intp, copy=False)
         totals = np.bincount(context, weights=counts, minlength=n_contexts)
         taken = d[np.minimum(counts, 3).astype(np.int64)]  # D(c) of each k-gram, D(0) = 0
         gammas = np.bincount(context, weights=taken, minlength=n_contexts)

@@ -22,7 +22,11 @@ def _discount(counts):
 def _bigram_from(ids, vocab_size, lower):
     """The order-2 formula over a given lower-order array ``lower`` of counts, (V,)."""
     v = vocab_size
-    c = np.bincount(ids[:-1] * v + ids[1:], minlength=v * v).reshape(v, v).astype(float)
+    c = (
+        np.bincount((ids[:-1] * v + ids[1:]).astype(np.intp), minlength=v * v)
+        .reshape(v, v)
+        .astype(float)
+    )
     d1, d2 = _discount(lower), _discount(c)
     p1 = (np.maximum(lower - d1, 0) + d1 * np.sum(lower > 0) / v) / lower.sum()
     total = c.sum(axis=1, keepdims=True)  # (V, 1)
@@ -34,21 +38,21 @@ def _bigram_from(ids, vocab_size, lower):
 def _raw_unigram(ids, vocab_size):
     """Backs off to how often each token occurs, not to how many tokens it follows."""
     p2, p1, total = _bigram_from(
-        ids, vocab_size, np.bincount(ids, minlength=vocab_size).astype(float)
+        ids, vocab_size, np.bincount(ids.astype(np.intp), minlength=vocab_size).astype(float)
     )
     return np.where(total > 0, p2, p1)
 
 
 def _no_unseen_context(ids, vocab_size):
     """Divides by the count of a context never followed by a token: a row of NaN."""
-    pairs = np.bincount(ids[:-1] * vocab_size + ids[1:], minlength=vocab_size**2)
+    pairs = np.bincount((ids[:-1] * vocab_size + ids[1:]).astype(np.intp), minlength=vocab_size**2)
     a = (pairs.reshape(vocab_size, vocab_size) > 0).sum(axis=0).astype(float)
     return _bigram_from(ids, vocab_size, a)[0]
 
 
 def _unsmoothed_lower(ids, vocab_size):
     """Takes the lower order as a(w) / sum a(v), undiscounted: a symbol never seen gets 0."""
-    pairs = np.bincount(ids[:-1] * vocab_size + ids[1:], minlength=vocab_size**2)
+    pairs = np.bincount((ids[:-1] * vocab_size + ids[1:]).astype(np.intp), minlength=vocab_size**2)
     c = pairs.reshape(vocab_size, vocab_size).astype(float)
     a = (c > 0).sum(axis=0).astype(float)
     p1 = a / a.sum()
@@ -71,6 +75,8 @@ def _cases() -> list[Case]:
         [[t, 5] if t == 4 else [t] for t in hong_kong]
     )  # ... is followed by "kong"
     skewed = np.random.default_rng(2).choice(12, 400, p=np.arange(12, 0, -1) / 78)
+    # The platform's index type, which np.bincount takes (int32 in the in-browser Python).
+    small, rare, hong_kong, skewed = (x.astype(np.intp) for x in (small, rare, hong_kong, skewed))
     return [
         Case((small, 5), label="a stream of 60 tokens over 5 symbols"),
         Case((rare, 7), label="7 symbols, one never seen and one seen only as the first token"),
