@@ -143,7 +143,7 @@ class LiveExercise(SphinxDirective):
 PANEL = """\
 <style>
 .live-launch button{font:inherit;cursor:pointer;border:1px solid var(--pst-color-primary);
-background:var(--pst-color-surface);color:var(--pst-color-primary);border-radius:.3rem;
+background:var(--pst-color-background);color:var(--pst-color-text-base);border-radius:.3rem;
 padding:.2rem .7rem}
 .live-panel{position:fixed;top:0;right:0;bottom:0;width:min(100vw,max(50vw,40rem));z-index:2000;
 display:flex;flex-direction:column;background:var(--pst-color-background);
