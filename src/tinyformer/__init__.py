@@ -31,7 +31,7 @@ bottom up (each uses only those above it):
   the store that computes each of them once and shares it
 - :mod:`tinyformer.analysis`: measurements the book makes of attention
 - :mod:`tinyformer.claims`: conclusions drawn from measurements, asserted with a margin
-- :mod:`tinyformer.exercises`: the book's live exercises, a function for the reader to write
+- ``tinyformer.exercises``: the book's live exercises, a function for the reader to write
   and a check that says in words what differs from tinyformer's own
 - :mod:`tinyformer.viz`: plotting helpers for the book's figures (needs matplotlib)
 
