@@ -40,6 +40,7 @@ extensions = [
     "sphinx.ext.mathjax",
     "local_mathjax",  # serves MathJax from _static/mathjax: no CDN
     "build_report",  # writes build-report.json: phases, pages read and executed
+    "small_doctrees",  # no build environment inside a page's pickled doctree
     "book_a11y",  # fixes to generated markup for assistive technology (bibliography roles)
     "glossary_tips",  # a term's definition on hover and on keyboard focus, built in
     "api_pages",  # one API page per module listed in api.md (docs/api/, generated)

@@ -347,13 +347,20 @@ def _build_lite(app: Sphinx, exception: Exception | None) -> None:
     build = Path(app.outdir).parent
     contents = build / "live-contents"
     _write_contents(app, contents)
-    output = Path(app.outdir) / LIVE_DIR
+    # JupyterLite builds in a folder of its own, and the site is then copied into the HTML:
+    # it sets the time of every file in the folder around its working folder to
+    # SOURCE_DATE_EPOCH, which, run beside the HTML, made Sphinx's next build rewrite every
+    # page (Sphinx's record of the last build looked older than the theme's templates).
+    output = build / "live" / "site"
+    published = Path(app.outdir) / LIVE_DIR
     stamp = build / "live-digest.txt"
     digest = _digest(contents)
     if output.is_dir() and stamp.exists() and stamp.read_text() == digest:
+        if not published.is_dir():
+            shutil.copytree(output, published)
         LOGGER.info("live: the in-browser site is up to date")
         return
-    lite_dir = build / "live-lite"
+    lite_dir = build / "live" / "lite"
     shutil.rmtree(lite_dir, ignore_errors=True)
     lite_dir.mkdir(parents=True)
     (lite_dir / "overrides.json").write_text(json.dumps(SETTINGS, indent=2), encoding="utf-8")
@@ -389,8 +396,10 @@ def _build_lite(app: Sphinx, exception: Exception | None) -> None:
         raise RuntimeError(
             f"jupyter lite build: the contents index lacks {missing} (is jupyter_server installed?)"
         )
+    shutil.rmtree(published, ignore_errors=True)
+    shutil.copytree(output, published)
     stamp.write_text(digest)
-    LOGGER.info("live: built the in-browser site in %s", output)
+    LOGGER.info("live: built the in-browser site in %s", published)
 
 
 def setup(app: Sphinx) -> dict[str, object]:

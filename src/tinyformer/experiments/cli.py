@@ -4,7 +4,8 @@ Results come from the experiment store (see
 :mod:`tinyformer.experiments.store`): a run stored by this version of the
 package is loaded, anything else is trained and stored. ``--no-store`` always
 trains. ``--book --jobs 2`` computes every run the book shows, two at a time,
-which is what ``nox -s docs`` does before Sphinx starts.
+which is what ``nox -s docs`` does before Sphinx starts (with ``--missing``: the
+runs stored already are not loaded and printed again).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-store", action="store_true", help="train, store nothing")
     parser.add_argument("--prune", action="store_true", help="delete other versions' results")
     parser.add_argument("--jobs", type=int, default=1, help="runs computed at the same time")
+    parser.add_argument(
+        "--missing",
+        action="store_true",
+        help="train and print only the runs not stored yet (a stored run's report was printed"
+        " when it was trained; loading every one to print it again takes seconds per build)",
+    )
     parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -179,13 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     # Runs already stored are loaded here; only those to train go to other processes.
     stored = [run for run in runs if store is not None and store.contains(run[0], **run[1])]
     to_train = longest_first([run for run in runs if run not in stored])
+    n_stored = len(stored)
+    if args.missing:  # stored runs are neither loaded nor printed
+        stored, runs = [], to_train
     serial = stored if args.jobs > 1 and len(to_train) > 1 else runs
     if to_train:  # say at once what the wait is for
         _print(
-            f"{len(stored)} run(s) stored; training {len(to_train)}"
+            f"{n_stored} run(s) stored; training {len(to_train)}"
             f" ({min(args.jobs, len(to_train))} at a time), each printed when it is ready",
             True,
         )
+    elif args.missing:
+        _print(f"all {n_stored} run(s) stored (not loaded: --missing)", True)
     failed = 0
     for name, params in serial:
         if (name, params) in to_train:

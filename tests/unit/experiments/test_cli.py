@@ -49,6 +49,22 @@ def test_the_command_line_uses_the_store(tmp_path, capsys, tiny_registry):
     assert log.count("loaded reversal") == 1  # the second call
 
 
+def test_missing_trains_only_what_is_not_stored_and_loads_nothing(tmp_path, capsys, tiny_registry):
+    args = ["reversal", "markov_lm", "--seed", "2", "--store", str(tmp_path)]
+    main(["reversal", "--seed", "2", "--store", str(tmp_path)])  # one of the two is stored
+    capsys.readouterr()
+    main([*args, "--missing"])
+    out = capsys.readouterr().out
+    assert "1 run(s) stored; training 1" in out
+    assert "markov_lm (seed 2)" in out
+    assert "reversal (seed 2)" not in out  # stored: neither loaded nor printed
+    main([*args, "--missing"])
+    assert capsys.readouterr().out == "all 2 run(s) stored (not loaded: --missing)\n"
+    log = (tmp_path / "log.txt").read_text()
+    assert log.count("computed reversal") == log.count("computed markov_lm") == 1
+    assert "loaded" not in log
+
+
 def test_book_runs_are_held_to_their_requirement_but_not_variants(
     tmp_path, monkeypatch, capsys, tiny_registry
 ):
