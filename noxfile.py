@@ -65,7 +65,8 @@ def _install(session: nox.Session, *args: str) -> None:
     rebuild should not wait for it. A stamp in the environment records each install by
     its arguments and pyproject.toml's bytes (which the package's own dependencies come
     from), so a changed requirement installs again; a new environment (``nox -N``, or the
-    folder deleted) has no stamps. A failed install leaves none.
+    folder deleted) has no stamps. A failed install leaves none. A stamp cannot see what
+    was changed in the environment by hand: ``nox -N`` makes it anew.
     """
     key = hashlib.sha256("\0".join([PYPROJECT_SHA256, *args]).encode()).hexdigest()[:16]
     location = getattr(session.virtualenv, "location", None)
@@ -277,36 +278,45 @@ def _install_book_tools(session: nox.Session) -> None:
 
 # What the last successful `nox -s docs` was built from, and what it left in HTML.
 BOOK_STAMP = BUILD / "book-inputs.txt"
-# Written by the build itself from other inputs (api.md and the package; the figure scripts,
-# the package and its stored runs), or put into the HTML by another session.
+# Written by the build itself, from files that are hashed: the API pages (from docs/api.md
+# and the package) and the figures (from scripts/, the package and its stored runs).
 _DERIVED = {DOCS / "api", FIGURES}
+# Environment variables the build reads besides ENV and ONE_THREAD.
+_READ_BY_BUILD = ("BOOK_URL", "TINYFORMER_PERTURB")
 
 
 def _book_inputs(session: nox.Session) -> str:
     """A digest of everything `nox -s docs` builds the book from, or "" if it cannot say.
 
-    The text of docs/ (less the build folders and the generated API pages and figures),
-    src/, scripts/, pyproject.toml and this file; the settings the build passes on
-    (environment and command line) and the Python. Arguments after ``--`` always build.
+    The text of docs/ (less build folders and the generated API pages and figures), src/,
+    scripts/, pyproject.toml and this file; the settings the build passes on; the Python
+    and every package installed in the session's environment (by name and version), which
+    the outputs depend on as the execution cache and the stored runs do. Arguments after
+    ``--`` always build.
     """
     if session.posargs:
         return ""
     digest = hashlib.sha256()
-    settings = {**ENV, **ONE_THREAD, "BOOK_URL": os.environ.get("BOOK_URL", "")}
-    digest.update(json.dumps([settings, str(BUILD), session.virtualenv.location]).encode())
+    settings = {**ENV, **ONE_THREAD, **{k: os.environ.get(k, "") for k in _READ_BY_BUILD}}
+    venv = Path(session.virtualenv.location)
+    installed = sorted(p.name for p in venv.glob("lib/python*/site-packages/*.dist-info"))
+    digest.update(json.dumps([settings, str(BUILD), str(venv), installed]).encode())
+    digest.update((venv / "pyvenv.cfg").read_bytes())
     for top in (DOCS, ROOT / "src", SCRIPTS, ROOT / "pyproject.toml", ROOT / "noxfile.py"):
-        files = [top] if top.is_file() else sorted(top.rglob("*"))
-        for path in files:
-            skip = path.is_dir() or "__pycache__" in path.parts or path.name == ".DS_Store"
-            if skip or path.is_relative_to(BUILD) or path.parent in _DERIVED:
-                continue
-            if path.relative_to(ROOT).parts[:2] in {
-                ("docs", "_build"),
-                ("docs", "_build-perturbed"),
-            }:
-                continue
-            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+        for path in [top] if top.is_file() else sorted(top.rglob("*")):
+            if _hashed(path):
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
+
+
+def _hashed(path: Path) -> bool:
+    """Whether ``_book_inputs`` reads this path: a regular file, not built, not a cache."""
+    if not path.is_file() or path.is_symlink() or path.parent in _DERIVED:
+        return False  # directories, and editors' lock files (dangling links)
+    if path.is_relative_to(BUILD) or "__pycache__" in path.parts:
+        return False
+    parts = path.relative_to(ROOT).parts
+    return not (parts[0] == "docs" and len(parts) > 1 and parts[1].startswith("_build"))
 
 
 def _html_listing() -> str:
@@ -349,8 +359,10 @@ def docs(session: nox.Session) -> None:
             "nothing the book is built from changed since its last build, and the built book is"
             f" as that build left it: nothing to do (delete {BOOK_STAMP.name} to build anyway)"
         )
+        _report_claims(session, CLAIMS)
         session.log(f"The book is in {HTML / 'index.html'}")
         return
+    BOOK_STAMP.unlink(missing_ok=True)  # until this build has succeeded
     times = {}
     started = time.perf_counter()
     offset = _precompute_runs(session)
@@ -359,12 +371,13 @@ def docs(session: nox.Session) -> None:
     times["figures"], started = time.perf_counter() - started, time.perf_counter()
     _sphinx(session, "html", HTML, *session.posargs)
     times["sphinx"] = time.perf_counter() - started
-    BOOK_STAMP.write_text(f"{inputs}\n{_html_listing()}\n")
     _report_runs(session, offset)
     _report_claims(session, CLAIMS)
     # benchmarks/bench_build.py reads this line
     session.log("timing: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in times.items()))
     session.log(f"The book is in {HTML / 'index.html'}")
+    if inputs and _book_inputs(session) == inputs:  # nothing was edited during the build
+        BOOK_STAMP.write_text(f"{inputs}\n{_html_listing()}\n")
 
 
 # The PDF of the whole book (nox -s pdf): its LaTeX build folder, and its name in the HTML folder,

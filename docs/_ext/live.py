@@ -341,6 +341,13 @@ def _digest(contents: Path) -> str:
     return h.hexdigest()
 
 
+def _listing(folder: Path) -> list[tuple[str, int]]:
+    """Every file under ``folder`` with its size (empty if there is no folder)."""
+    return sorted(
+        (str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*") if p.is_file()
+    )
+
+
 def _build_lite(app: Sphinx, exception: Exception | None) -> None:
     if exception is not None or app.builder.format != "html":
         return
@@ -356,7 +363,8 @@ def _build_lite(app: Sphinx, exception: Exception | None) -> None:
     stamp = build / "live-digest.txt"
     digest = _digest(contents)
     if output.is_dir() and stamp.exists() and stamp.read_text() == digest:
-        if not published.is_dir():
+        if _listing(published) != _listing(output):  # the HTML's copy lost or changed a file
+            shutil.rmtree(published, ignore_errors=True)
             shutil.copytree(output, published)
         LOGGER.info("live: the in-browser site is up to date")
         return

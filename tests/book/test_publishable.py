@@ -22,6 +22,19 @@ pytestmark = pytest.mark.book
 NOT_IN_SITEMAP = {"404.html", "search.html", "genindex.html", "py-modindex.html"}
 
 
+def test_no_page_pickles_the_build_environment(html_root):
+    # docs/_ext/small_doctrees.py: nodes of a nested parse (the API pages' eval-rst) kept a
+    # reference to a document whose settings held the whole environment: 2.2 MB per page,
+    # all of them read back at every build. The doctrees are beside the HTML (noxfile.py).
+    doctrees = html_root.parent / "doctrees" / html_root.name
+    if not doctrees.is_dir():
+        pytest.skip(f"no doctrees beside the HTML at {doctrees}")
+    pages = sorted(doctrees.rglob("*.doctree"))
+    assert pages, f"no doctrees in {doctrees}"
+    heavy = [p.name for p in pages if b"BuildEnvironment" in p.read_bytes()]
+    assert not heavy, f"pages whose pickle holds the build environment: {heavy[:5]}"
+
+
 def test_the_built_folder_holds_no_pickled_build_state(html_root):
     # Sphinx keeps its parsed pages (a pickle per page, the environment and the executed
     # notebooks' outputs) in a doctree folder; `nox -s docs` puts it beside the HTML.

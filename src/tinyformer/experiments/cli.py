@@ -5,7 +5,8 @@ Results come from the experiment store (see
 package is loaded, anything else is trained and stored. ``--no-store`` always
 trains. ``--book --jobs 2`` computes every run the book shows, two at a time,
 which is what ``nox -s docs`` does before Sphinx starts (with ``--missing``: the
-runs stored already are not loaded and printed again).
+runs stored already are not loaded and printed again: a chapter or a test that reads
+one checks its file, and a build from an empty store, as in CI, trains and checks them all).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--missing",
         action="store_true",
-        help="train and print only the runs not stored yet (a stored run's report was printed"
-        " when it was trained; loading every one to print it again takes seconds per build)",
+        help="train and print only the runs not stored yet: a stored run is not loaded, so its"
+        " file's checksum and the book's requirement on it are checked only where it is read",
     )
     parser.add_argument(
         "--progress",
@@ -183,13 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     root = None if store is None else str(store.root)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     runs = _runs(args)
-    # Runs already stored are loaded here; only those to train go to other processes.
     stored = [run for run in runs if store is not None and store.contains(run[0], **run[1])]
     to_train = longest_first([run for run in runs if run not in stored])
     n_stored = len(stored)
-    if args.missing:  # stored runs are neither loaded nor printed
+    if args.missing:  # the stored runs are neither loaded nor printed
         stored, runs = [], to_train
-    serial = stored if args.jobs > 1 and len(to_train) > 1 else runs
+    # Stored runs are loaded in this process; with jobs > 1 the runs to train go to others.
+    pooled = args.jobs > 1 and len(to_train) > 1
+    serial = stored if pooled else runs
     if to_train:  # say at once what the wait is for
         _print(
             f"{n_stored} run(s) stored; training {len(to_train)}"
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             _print(f"training {_label(name, params)} ...", True)
         text, ok = _report(name, params, root, progress)
         failed += _print(text, ok)
-    if serial is stored:
+    if pooled:
         context = multiprocessing.get_context("spawn")
         with (
             _one_blas_thread(),
