@@ -186,7 +186,8 @@ def _precompute_runs(session: nox.Session) -> int:
     """Compute every training run the book shows that is not stored yet, two at a time.
 
     Runs stored already are not loaded (``--missing``): their reports were printed when
-    they were trained, and loading all of them again took 13 s of every build. Returns where the experiment store's log ended before, for :func:`_report_runs`.
+    they were trained, and loading all of them again took 13 s of every build. Returns
+    where the experiment store's log ended before, for :func:`_report_runs`.
     """
     log = STORE / "log.txt"
     offset = log.stat().st_size if log.is_file() else 0
@@ -303,20 +304,30 @@ def _book_inputs(session: nox.Session) -> str:
     digest.update(json.dumps([settings, str(BUILD), str(venv), installed]).encode())
     digest.update((venv / "pyvenv.cfg").read_bytes())
     for top in (DOCS, ROOT / "src", SCRIPTS, ROOT / "pyproject.toml", ROOT / "noxfile.py"):
-        for path in [top] if top.is_file() else sorted(top.rglob("*")):
-            if _hashed(path):
-                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+        for path in _source_files(top):
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
-def _hashed(path: Path) -> bool:
-    """Whether ``_book_inputs`` reads this path: a regular file, not built, not a cache."""
-    if not path.is_file() or path.is_symlink() or path.parent in _DERIVED:
-        return False  # directories, and editors' lock files (dangling links)
-    if path.is_relative_to(BUILD) or "__pycache__" in path.parts:
-        return False
-    parts = path.relative_to(ROOT).parts
-    return not (parts[0] == "docs" and len(parts) > 1 and parts[1].startswith("_build"))
+def _source_files(top: Path) -> list[Path]:
+    """The regular files under ``top`` that `_book_inputs` reads, in a fixed order.
+
+    Build folders (``docs/_build*``, BUILD) and caches are not entered at all; links are
+    skipped (editors' lock files are dangling ones), as are the files the build derives.
+    """
+    if top.is_file():
+        return [top]
+    found = []
+    for folder, subfolders, files in os.walk(top):
+        here = Path(folder)
+        subfolders[:] = sorted(
+            name
+            for name in subfolders
+            if not (name.startswith("_build") or name == "__pycache__" or here / name == BUILD)
+        )
+        if here not in _DERIVED:
+            found += [here / name for name in sorted(files) if not (here / name).is_symlink()]
+    return found
 
 
 def _html_listing() -> str:

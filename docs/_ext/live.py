@@ -348,6 +348,12 @@ def _listing(folder: Path) -> list[tuple[str, int]]:
     )
 
 
+def _publish(site: Path, published: Path) -> None:
+    """Replace the HTML's copy of the live site by the built one."""
+    shutil.rmtree(published, ignore_errors=True)
+    shutil.copytree(site, published)
+
+
 def _build_lite(app: Sphinx, exception: Exception | None) -> None:
     if exception is not None or app.builder.format != "html":
         return
@@ -364,8 +370,7 @@ def _build_lite(app: Sphinx, exception: Exception | None) -> None:
     digest = _digest(contents)
     if output.is_dir() and stamp.exists() and stamp.read_text() == digest:
         if _listing(published) != _listing(output):  # the HTML's copy lost or changed a file
-            shutil.rmtree(published, ignore_errors=True)
-            shutil.copytree(output, published)
+            _publish(output, published)
         LOGGER.info("live: the in-browser site is up to date")
         return
     lite_dir = build / "live" / "lite"
@@ -404,8 +409,7 @@ def _build_lite(app: Sphinx, exception: Exception | None) -> None:
         raise RuntimeError(
             f"jupyter lite build: the contents index lacks {missing} (is jupyter_server installed?)"
         )
-    shutil.rmtree(published, ignore_errors=True)
-    shutil.copytree(output, published)
+    _publish(output, published)
     stamp.write_text(digest)
     LOGGER.info("live: built the in-browser site in %s", published)
 
