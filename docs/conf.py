@@ -17,7 +17,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
-from jupyter_cache import get_cache
+
+# jsonschema, which nbformat imports to validate notebooks, compiles the grammar of its
+# optional IRI checker (the rfc3987-syntax package, installed for JupyterLite's server) when
+# it is imported: 1.5 s of every build. Nothing this process validates has a string format
+# (nbformat's schemas use none, and no format checker is set), so it goes without.
+sys.modules.setdefault("rfc3987_syntax", None)  # None: "import rfc3987_syntax" fails
+
+from jupyter_cache import get_cache  # after the line above
 
 from tinyformer.experiments import package_digest
 

@@ -11,6 +11,10 @@ stand-in that shows the value when myst-nb is not installed.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from myst_nb.core.read import create_nb_reader
 from sphinx.application import Sphinx
 
 GLUE_IMPORT = "from myst_nb import glue"
+READERS = ("myst-nb", "myst-parser", "markdown-it-py", "nbformat")  # what converts a page
 PREAMBLE_MD = """\
 *This notebook is a page of the book* Understanding Transformers. *It runs top to bottom with
 `tinyformer` installed (from the book's repository: `pip install -e '.[book]'`). A cell that
@@ -38,13 +43,39 @@ except ImportError:  # outside the book's build: show a glued value instead of s
 
 
 def notebook(app: Sphinx, docname: str) -> nbformat.NotebookNode | None:
-    """The page as a notebook without outputs, or None if the page is not a notebook."""
+    """The page as a notebook without outputs, or None if the page is not a notebook.
+
+    Converted once per version of the page (and of its readers, their settings and this file) and
+    kept beside the doctrees: the live mode asks for every chapter at every build, and
+    converting all of them again took 1.5 s of a build that changed one page.
+    """
     path = Path(app.env.doc2path(docname))
     text = path.read_text(encoding="utf-8")
+    key = hashlib.sha256(
+        "\0".join(
+            (
+                text,
+                *(version(name) for name in READERS),
+                repr(app.env.myst_config),
+                repr(app.env.mystnb_config),
+                Path(__file__).read_text(encoding="utf-8"),
+            )
+        ).encode()
+    ).hexdigest()
+    cache = Path(app.doctreedir) / "notebooks" / f"{docname}.json"
+    if cache.is_file():
+        stored = json.loads(cache.read_text(encoding="utf-8"))
+        if stored["key"] == key:
+            found = stored["notebook"]
+            return None if found is None else nbformat.from_dict(found)
     reader = create_nb_reader(str(path), app.env.myst_config, app.env.mystnb_config, text)
-    if reader is None:
-        return None
-    return downloadable(reader.read(text))
+    nb = None if reader is None else downloadable(reader.read(text))
+    # written whole, then renamed: the parallel writers of a build may convert the same page
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache.with_name(f"{cache.name}.{os.getpid()}")
+    partial.write_text(json.dumps({"key": key, "notebook": nb}), encoding="utf-8")
+    partial.replace(cache)
+    return nb
 
 
 def downloadable(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
