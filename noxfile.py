@@ -39,17 +39,16 @@ PYPROJECT_SHA256 = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdig
 # the tests, the figure scripts and the chapters (and by builds into another BOOK_BUILD: the
 # store is safe for concurrent use), and computed once per version of the package.
 STORE = Path(os.environ.get("TINYFORMER_STORE", DOCS / "_build" / "experiments")).resolve()
-# Compiled modules are cached in one folder of the build, outside the sources, even where the
-# machine turns the cache off (PYTHONDONTWRITEBYTECODE=1, as on the book's machines): without
-# it every process compiled tinyformer again, and every pytest worker rewrote and compiled
-# the hundred test files again (collecting the tests: 9.0 s -> 2.8 s; importing tinyformer
-# and its models: 1.5 s -> 0.4 s). An empty value is Python's "not set".
-BYTECODE = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(BUILD / "pycache")}
-ENV = {
+# Python may cache compiled modules (beside the sources, in __pycache__, ignored by git) even
+# where the machine turns that off (PYTHONDONTWRITEBYTECODE=1, as on the book's machines):
+# without it every process compiled tinyformer again, and every pytest worker rewrote and
+# compiled the hundred test files again (collecting the tests: 9.0 s -> 2.8 s per worker;
+# importing tinyformer and its models: 1.5 s -> 0.4 s). None: nox removes the variable.
+ENV: dict[str, str | None] = {
     "PYTHONHASHSEED": "0",
     "SOURCE_DATE_EPOCH": "0",
     "TINYFORMER_STORE": str(STORE),
-    **BYTECODE,
+    "PYTHONDONTWRITEBYTECODE": None,
 }
 # Every conclusion a chapter asserts with tinyformer.claims.claim is appended here when its
 # chapter executes; the docs session lists them with their margins (see _report_claims).
@@ -530,6 +529,8 @@ def serve(session: nox.Session) -> None:
         str(FIGURES),
         "--ignore",
         str(BUILD),  # what a build writes (the live pages' notebooks, caches) is not a change
+        "--re-ignore",
+        "__pycache__",  # compiled modules written by the build's processes are not a change
         "--nitpicky",
         "--doctree-dir",
         str(_doctrees(HTML)),

@@ -60,7 +60,7 @@ def _up_to_date(stamp: Path, inputs: str, out_dir: Path) -> dict[str, str] | Non
 
 
 def _run(script: Path, folder: Path) -> None:
-    """Import ``script`` and call its ``main()`` as if run with ``--out-dir folder``."""
+    """Run ``script`` as a module and call its ``main()`` as if run with ``--out-dir folder``."""
     import matplotlib.pyplot as plt  # noqa: PLC0415 (after the backend is chosen)
 
     mpl.rcdefaults()  # no style leaks from one script into the next
@@ -74,7 +74,8 @@ def _run(script: Path, folder: Path) -> None:
         # Compiled from the file as it is now, never from cached bytecode: a cached module is
         # matched to its source by time and size, so an edit within the same second that kept
         # the size would run the old script (a unit test that edits a script did, once).
-        exec(compile(script.read_bytes(), str(script), "exec"), module.__dict__)  # noqa: S102
+        code = compile(script.read_bytes(), str(script), "exec", dont_inherit=True)
+        exec(code, module.__dict__)  # noqa: S102
         module.main()
     finally:
         sys.argv = argv

@@ -23,6 +23,7 @@ site while Sphinx writes the pages; at the end of the build it is checked and co
 from __future__ import annotations
 
 import ast
+import atexit
 import hashlib
 import html
 import json
@@ -369,17 +370,35 @@ class _LiteBuild:
 
 
 _STARTED: dict[str, _LiteBuild] = {}  # by HTML output folder
+_OWNER = os.getpid()  # Sphinx's process (its forked writers must not touch the builds)
+
+
+def _stop(started: _LiteBuild | None) -> None:
+    """Stop a site build still running (a build that ended early has no use for it)."""
+    if started is not None and started.process is not None and started.process.poll() is None:
+        started.process.kill()
+        started.process.wait()
+
+
+@atexit.register
+def _stop_all() -> None:
+    # Sphinx stopped by a signal or Ctrl-C ends without build-finished: stop its site builds,
+    # or one would go on writing into the folder the next build writes to.
+    if os.getpid() == _OWNER:
+        for started in _STARTED.values():
+            _stop(started)
 
 
 def _start_lite(app: Sphinx, _env: Any) -> None:
     """Write the live contents and start building their site, beside Sphinx's writing.
 
     Everything the site holds is known once the pages are read (the notebooks come from the
-    sources, the package from src/), so the site builds while Sphinx writes the pages (3.7 s
-    that a build which changed one chapter spent waiting, after writing it).
+    sources, the package from src/), so the site builds while Sphinx writes the pages: a build
+    that changed one chapter used to wait the 3.7 s of ``jupyter lite build`` after writing.
     """
     if app.builder.format != "html":
         return
+    _stop(_STARTED.pop(str(app.outdir), None))  # one left by a build that did not finish
     build = Path(app.outdir).parent
     contents = build / "live-contents"
     _write_contents(app, contents)
@@ -427,9 +446,7 @@ def _build_lite(app: Sphinx, exception: Exception | None) -> None:
         return
     process = started.process
     if exception is not None:
-        if process is not None:
-            process.kill()
-            process.wait()
+        _stop(started)
         return
     published = Path(app.outdir) / LIVE_DIR
     if process is None:
@@ -457,7 +474,7 @@ def _build_lite(app: Sphinx, exception: Exception | None) -> None:
 
 
 def setup(app: Sphinx) -> dict[str, object]:
-    """Register the directive and the end-of-build step."""
+    """Register the directive, and the live site's build (started after reading, ended last)."""
     app.add_directive("live-exercise", LiveExercise)
     app.connect("env-purge-doc", _purge)
     app.connect("env-merge-info", _merge)

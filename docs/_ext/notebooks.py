@@ -11,6 +11,7 @@ stand-in that shows the value when myst-nb is not installed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,7 +24,8 @@ from myst_nb.core.read import create_nb_reader
 from sphinx.application import Sphinx
 
 GLUE_IMPORT = "from myst_nb import glue"
-READERS = ("myst-nb", "myst-parser", "markdown-it-py", "nbformat")  # what converts a page
+# what reads a page into a notebook (with the page's suffix, which picks the reader)
+READERS = ("myst-nb", "myst-parser", "markdown-it-py", "mdit-py-plugins", "PyYAML", "nbformat")
 PREAMBLE_MD = """\
 *This notebook is a page of the book* Understanding Transformers. *It runs top to bottom with
 `tinyformer` installed (from the book's repository: `pip install -e '.[book]'`). A cell that
@@ -42,22 +44,32 @@ except ImportError:  # outside the book's build: show a glued value instead of s
             _display(value)"""
 
 
+def _settings(config: object) -> str:
+    """A reader's settings as text that does not depend on the order of their sets."""
+    return json.dumps(
+        dataclasses.asdict(config),
+        sort_keys=True,
+        default=lambda value: sorted(value) if isinstance(value, set | frozenset) else repr(value),
+    )
+
+
 def notebook(app: Sphinx, docname: str) -> nbformat.NotebookNode | None:
     """The page as a notebook without outputs, or None if the page is not a notebook.
 
-    Converted once per version of the page (and of its readers, their settings and this file) and
-    kept beside the doctrees: the live mode asks for every chapter at every build, and
-    converting all of them again took 1.5 s of a build that changed one page.
+    Converted once per version of the page (and of its readers, their settings and this file)
+    and kept in the doctree folder: the live mode asks for every chapter at every build, and
+    reading them all again took 1.5 s of a build that changed one page.
     """
     path = Path(app.env.doc2path(docname))
     text = path.read_text(encoding="utf-8")
     key = hashlib.sha256(
         "\0".join(
             (
+                path.suffix,
                 text,
                 *(version(name) for name in READERS),
-                repr(app.env.myst_config),
-                repr(app.env.mystnb_config),
+                _settings(app.env.myst_config),
+                _settings(app.env.mystnb_config),
                 Path(__file__).read_text(encoding="utf-8"),
             )
         ).encode()
@@ -70,7 +82,7 @@ def notebook(app: Sphinx, docname: str) -> nbformat.NotebookNode | None:
             return None if found is None else nbformat.from_dict(found)
     reader = create_nb_reader(str(path), app.env.myst_config, app.env.mystnb_config, text)
     nb = None if reader is None else downloadable(reader.read(text))
-    # written whole, then renamed: the parallel writers of a build may convert the same page
+    # written whole, then renamed: a build stopped halfway leaves no half-written file
     cache.parent.mkdir(parents=True, exist_ok=True)
     partial = cache.with_name(f"{cache.name}.{os.getpid()}")
     partial.write_text(json.dumps({"key": key, "notebook": nb}), encoding="utf-8")
