@@ -382,8 +382,9 @@ def _stop(started: _LiteBuild | None) -> None:
 
 @atexit.register
 def _stop_all() -> None:
-    # Sphinx stopped by a signal or Ctrl-C ends without build-finished: stop its site builds,
-    # or one would go on writing into the folder the next build writes to.
+    # Sphinx stopped by Ctrl-C (KeyboardInterrupt) or sys.exit ends without build-finished:
+    # stop its site builds, or one would go on writing into the folder the next build writes
+    # to. (A SIGTERM or SIGKILL skips this; the orphan then ends on its own within seconds.)
     if os.getpid() == _OWNER:
         for started in _STARTED.values():
             _stop(started)
@@ -398,7 +399,6 @@ def _start_lite(app: Sphinx, _env: Any) -> None:
     """
     if app.builder.format != "html":
         return
-    _stop(_STARTED.pop(str(app.outdir), None))  # one left by a build that did not finish
     build = Path(app.outdir).parent
     contents = build / "live-contents"
     _write_contents(app, contents)
@@ -454,7 +454,12 @@ def _build_lite(app: Sphinx, exception: Exception | None) -> None:
             _publish(started.output, published)
         LOGGER.info("live: the in-browser site is up to date")
         return
-    if process.wait() != 0:
+    try:
+        code = process.wait()
+    except BaseException:  # Ctrl-C while waiting: the site's build is stopped too
+        _stop(started)
+        raise
+    if code != 0:
         output = started.log.read_text(encoding="utf-8", errors="replace")
         raise RuntimeError(f"jupyter lite build failed ({started.log}):\n{output[-6000:]}")
     index = started.output / "api" / "contents" / "all.json"

@@ -12,6 +12,7 @@ stand-in that shows the value when myst-nb is not installed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -44,6 +45,11 @@ except ImportError:  # outside the book's build: show a glued value instead of s
             _display(value)"""
 
 
+@functools.cache
+def _reader_versions() -> tuple[str, ...]:
+    return tuple(version(name) for name in READERS)
+
+
 def _settings(config: object) -> str:
     """A reader's settings as text that does not depend on the order of their sets."""
     return json.dumps(
@@ -67,7 +73,7 @@ def notebook(app: Sphinx, docname: str) -> nbformat.NotebookNode | None:
             (
                 path.suffix,
                 text,
-                *(version(name) for name in READERS),
+                *_reader_versions(),
                 _settings(app.env.myst_config),
                 _settings(app.env.mystnb_config),
                 Path(__file__).read_text(encoding="utf-8"),
