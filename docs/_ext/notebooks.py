@@ -46,8 +46,9 @@ except ImportError:  # outside the book's build: show a glued value instead of s
 
 
 @functools.cache
-def _reader_versions() -> tuple[str, ...]:
-    return tuple(version(name) for name in READERS)
+def _fixed_key() -> tuple[str, ...]:
+    """What a conversion depends on besides the page: the readers' versions and this file."""
+    return (*(version(name) for name in READERS), Path(__file__).read_text(encoding="utf-8"))
 
 
 def _settings(config: object) -> str:
@@ -73,10 +74,9 @@ def notebook(app: Sphinx, docname: str) -> nbformat.NotebookNode | None:
             (
                 path.suffix,
                 text,
-                *_reader_versions(),
+                *_fixed_key(),
                 _settings(app.env.myst_config),
                 _settings(app.env.mystnb_config),
-                Path(__file__).read_text(encoding="utf-8"),
             )
         ).encode()
     ).hexdigest()
